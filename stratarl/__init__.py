@@ -1,0 +1,1 @@
+"""stratarl: readable, layered RL post-training for LLMs."""
