@@ -1,0 +1,139 @@
+"""Layer 1, config: the run as a whole — `trainer.*`, `cluster.*`, `sft.*` — and `RunConfig`, the root.
+
+`RunConfig` holds one group per concept; a recipe YAML and CLI overrides change only what they name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stratarl.config.schema_algorithm import AlgorithmConfig
+from stratarl.config.schema_data import DataConfig, ModelConfig, RewardConfig
+from stratarl.config.schema_training import (
+    LR_SCHEDULES,
+    ActorConfig,
+    CriticConfig,
+    ReferenceConfig,
+    RolloutConfig,
+)
+from stratarl.config.setting import section, setting
+
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+
+
+@dataclass
+class TrainerConfig:
+    """The loop: how long, how often to validate and save, where outputs go, how to log."""
+
+    total_steps: int | None = setting(
+        None,
+        "training steps (one batch of prompts each); null: total_epochs × steps per epoch",
+        verl="trainer.total_training_steps",
+    )
+    total_epochs: int = setting(
+        1, "passes over the training prompts when total_steps is null", verl="trainer.total_epochs"
+    )
+    test_freq: int = setting(10, "validate every this many steps; ≤ 0: never", verl="trainer.test_freq")
+    save_freq: int = setting(
+        0, "save a checkpoint every this many steps; ≤ 0: only at the end", verl="trainer.save_freq"
+    )
+    val_before_train: bool = setting(
+        True, "validate once before the first step", verl="trainer.val_before_train"
+    )
+    seed: int = setting(0, "seed of everything random (sampling, init, shuffling)")
+    output_root: str = setting("runs", "folder under which run directories are created")
+    run_dir: str = setting(
+        "",
+        "this run's directory; empty: <output_root>/<project_name>/<experiment_name>",
+        verl="trainer.default_local_dir",
+    )
+    project_name: str = setting(
+        "stratarl", "project name for loggers and the run directory", verl="trainer.project_name"
+    )
+    experiment_name: str = setting(
+        "grpo", "experiment name for loggers and the run directory", verl="trainer.experiment_name"
+    )
+    logger: list[str] = setting(
+        ["console", "jsonl"], "where metrics go (any of the choices)", verl="trainer.logger", choices=LOGGERS
+    )
+    save_trajectories: bool = setting(True, "write one JSONL record per trajectory into the run directory")
+
+
+@dataclass
+class ClusterConfig:
+    """Where the roles run: in this process, or as Ray actors."""
+
+    backend: str = setting("in-process", "how workers are hosted", choices=("in-process", "ray"))
+    device: str = setting(
+        "auto",
+        "device of models: auto picks cuda when available",
+        verl="trainer.device",
+        choices=("auto", "cpu", "cuda"),
+    )
+    num_cpus: int | None = setting(
+        None, "CPUs given to Ray; null: all visible", verl="ray_kwargs.ray_init.num_cpus"
+    )
+    threads_per_worker: int | None = setting(
+        None, "torch intra-op threads per worker process; null: leave torch's default"
+    )
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm-start on the same datasets: loss on response tokens only.
+
+    Its verl keys are those of verl's separate SFT config (sft_trainer.yaml), not ppo_trainer.yaml.
+    """
+
+    total_epochs: int = setting(
+        1, "passes over the training examples when total_steps is null", verl="trainer.total_epochs"
+    )
+    total_steps: int | None = setting(
+        None, "optimizer steps; null: total_epochs × steps per epoch", verl="trainer.total_training_steps"
+    )
+    lr: float = setting(1e-4, "peak learning rate of AdamW", verl="optim.lr")
+    weight_decay: float = setting(0.01, "AdamW weight decay", verl="optim.weight_decay")
+    warmup_steps: int = setting(0, "optimizer steps of linear LR warm-up", verl="optim.lr_warmup_steps")
+    lr_schedule: str = setting("cosine", "LR after warm-up", verl="optim.lr_scheduler", choices=LR_SCHEDULES)
+    min_lr_ratio: float = setting(0.0, "cosine schedule ends at lr · min_lr_ratio", verl="optim.min_lr_ratio")
+    grad_clip: float = setting(1.0, "max global grad norm", verl="optim.clip_grad")
+    trajectories_per_step: int = setting(
+        32, "examples (prompt + response) per optimizer step", verl="data.train_batch_size"
+    )
+    trajectories_per_micro_batch: int = setting(
+        32, "examples per forward/backward pass", verl="data.micro_batch_size_per_gpu"
+    )
+    max_tokens: int = setting(1024, "longest example in tokens (prompt + response)", verl="data.max_length")
+
+
+@dataclass
+class RunConfig:
+    """Everything one run does. Load with `load_config(recipe, overrides)`; check with `validate_config`."""
+
+    data: DataConfig = section(DataConfig, "prompt datasets")
+    model: ModelConfig = section(ModelConfig, "the policy model")
+    rollout: RolloutConfig = section(RolloutConfig, "generation")
+    actor: ActorConfig = section(ActorConfig, "the policy update")
+    reference: ReferenceConfig = section(ReferenceConfig, "the frozen reference policy")
+    critic: CriticConfig = section(CriticConfig, "the value model (PPO)")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages and reward shaping")
+    reward: RewardConfig = section(RewardConfig, "scoring")
+    trainer: TrainerConfig = section(TrainerConfig, "the training loop and its outputs")
+    cluster: ClusterConfig = section(ClusterConfig, "process placement")
+    sft: SFTConfig = section(SFTConfig, "supervised warm-start")
+
+    @property
+    def uses_critic(self) -> bool:
+        """True when a critic is trained: critic.enable, or (when null) an estimator that needs values."""
+        if self.critic.enable is not None:
+            return self.critic.enable
+        # Imported here so that loading a config does not import torch.
+        from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
+
+        estimator = ADVANTAGE_ESTIMATORS.get(self.algorithm.adv_estimator)
+        return estimator is not None and "values" in estimator.inputs
+
+    @property
+    def uses_reference(self) -> bool:
+        """True when a frozen reference policy is needed: a KL loss or an in-reward KL penalty."""
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward

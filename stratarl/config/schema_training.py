@@ -1,0 +1,205 @@
+"""Layer 1, config: the roles that generate and learn — `rollout.*`, `actor.*`, `reference.*`, `critic.*`.
+
+Batch sizes say their unit. verl's `ppo_mini_batch_size` counts prompts and its micro-batch sizes
+count trajectories; here the names say so: `actor.prompts_per_mini_batch`,
+`actor.trajectories_per_micro_batch`. How they combine is printed as the batch plan (batch_plan.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stratarl.config.setting import section, setting
+
+ARF = "actor_rollout_ref"  # verl's prefix for the actor, rollout and reference groups
+LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class ValidationSamplingConfig:
+    """How validation prompts are sampled (verl rollout.val_kwargs)."""
+
+    n: int = setting(1, "samples per validation prompt", verl=f"{ARF}.rollout.val_kwargs.n")
+    greedy: bool = setting(
+        True,
+        "pick the most likely token (temperature, top_p, top_k unused)",
+        verl=f"{ARF}.rollout.val_kwargs.do_sample (negated)",
+    )
+    temperature: float = setting(
+        1.0, "sampling temperature when greedy is false", verl=f"{ARF}.rollout.val_kwargs.temperature"
+    )
+    top_p: float = setting(1.0, "nucleus mass when greedy is false", verl=f"{ARF}.rollout.val_kwargs.top_p")
+    top_k: int = setting(
+        -1,
+        "keep the k likeliest tokens when greedy is false; -1: all",
+        verl=f"{ARF}.rollout.val_kwargs.top_k",
+    )
+
+
+@dataclass
+class RolloutConfig:
+    """Generation of the training trajectories."""
+
+    backend: str = setting(
+        "torch",
+        "inference engine that generates",
+        verl=f"{ARF}.rollout.name",
+        choices=("torch", "vllm", "sglang"),
+    )
+    n: int = setting(4, "trajectories sampled per prompt (the group size of GRPO)", verl=f"{ARF}.rollout.n")
+    temperature: float = setting(1.0, "sampling temperature", verl=f"{ARF}.rollout.temperature")
+    top_p: float = setting(
+        1.0, "nucleus sampling: smallest token set with this mass", verl=f"{ARF}.rollout.top_p"
+    )
+    top_k: int = setting(-1, "keep the k likeliest tokens; -1: all", verl=f"{ARF}.rollout.top_k")
+    max_response_tokens: int = setting(
+        512, "most tokens generated per trajectory (T)", verl="data.max_response_length"
+    )
+    trajectories_per_generate_batch: int = setting(
+        64, "trajectories decoded together by the torch backend (bounds KV-cache memory); 0: all at once"
+    )
+    val_kwargs: ValidationSamplingConfig = section(ValidationSamplingConfig, "sampling for validation")
+
+
+@dataclass
+class PolicyLossConfig:
+    """The policy loss (a name in stratarl.algo.policy_loss.POLICY_LOSSES) and its parameters."""
+
+    name: str = setting(
+        "vanilla", "policy loss (PPO clip is `vanilla`)", verl=f"{ARF}.actor.policy_loss.loss_mode"
+    )
+    clip_ratio_low: float = setting(
+        0.2, "ratio clip below: 1 − clip_ratio_low", verl=f"{ARF}.actor.clip_ratio_low"
+    )
+    clip_ratio_high: float = setting(
+        0.2,
+        "ratio clip above: 1 + clip_ratio_high (> low is DAPO's clip-higher)",
+        verl=f"{ARF}.actor.clip_ratio_high",
+    )
+    clip_ratio_c: float = setting(
+        3.0, "dual-clip bound for negative advantages (must be > 1)", verl=f"{ARF}.actor.clip_ratio_c"
+    )
+    tau_pos: float = setting(
+        1.0, "SAPO gate temperature for positive advantages", verl=f"{ARF}.actor.tau_pos"
+    )
+    tau_neg: float = setting(
+        1.05, "SAPO gate temperature for negative advantages", verl=f"{ARF}.actor.tau_neg"
+    )
+    clip_cov_ratio: float = setting(
+        2e-4,
+        "clip_cov: share of tokens whose gradient is cut",
+        verl=f"{ARF}.actor.policy_loss.clip_cov_ratio",
+    )
+    clip_cov_lb: float = setting(
+        1.0, "clip_cov: covariance lower bound", verl=f"{ARF}.actor.policy_loss.clip_cov_lb"
+    )
+    clip_cov_ub: float = setting(
+        5.0, "clip_cov: covariance upper bound", verl=f"{ARF}.actor.policy_loss.clip_cov_ub"
+    )
+    kl_cov_ratio: float = setting(
+        2e-4, "kl_cov: share of tokens given the KL term", verl=f"{ARF}.actor.policy_loss.kl_cov_ratio"
+    )
+    ppo_kl_coef: float = setting(
+        0.1, "kl_cov: weight of the KL term", verl=f"{ARF}.actor.policy_loss.ppo_kl_coef"
+    )
+    dro_beta: float | None = setting(
+        None,
+        "dro: weight of the squared log-ratio (must be > 0 for dro)",
+        verl=f"{ARF}.actor.policy_loss.dro_beta",
+    )
+
+
+@dataclass
+class ActorConfig:
+    """The policy being trained: optimizer, batch split of a step, and the loss."""
+
+    lr: float = setting(1e-6, "peak learning rate of AdamW", verl=f"{ARF}.actor.optim.lr")
+    weight_decay: float = setting(0.01, "AdamW weight decay", verl=f"{ARF}.actor.optim.weight_decay")
+    betas: list[float] = setting([0.9, 0.999], "AdamW betas", verl=f"{ARF}.actor.optim.betas")
+    warmup_steps: int = setting(
+        0, "optimizer steps of linear LR warm-up from 0", verl=f"{ARF}.actor.optim.lr_warmup_steps"
+    )
+    lr_schedule: str = setting(
+        "constant", "LR after warm-up", verl=f"{ARF}.actor.optim.lr_scheduler_type", choices=LR_SCHEDULES
+    )
+    min_lr_ratio: float = setting(
+        0.0, "cosine schedule ends at lr · min_lr_ratio", verl=f"{ARF}.actor.optim.min_lr_ratio"
+    )
+    grad_clip: float = setting(
+        1.0, "max global grad norm; a non-finite norm skips the step", verl=f"{ARF}.actor.grad_clip"
+    )
+    prompts_per_mini_batch: int = setting(
+        16,
+        "prompts per optimizer step (their trajectories: × rollout.n)",
+        verl=f"{ARF}.actor.ppo_mini_batch_size",
+    )
+    trajectories_per_micro_batch: int = setting(
+        16,
+        "trajectories per forward/backward pass (gradient accumulation splits a mini-batch into these)",
+        verl=f"{ARF}.actor.ppo_micro_batch_size_per_gpu",
+    )
+    ppo_epochs: int = setting(1, "passes over the step's trajectories", verl=f"{ARF}.actor.ppo_epochs")
+    shuffle: bool = setting(
+        False, "shuffle trajectories before splitting into mini-batches", verl=f"{ARF}.actor.shuffle"
+    )
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy loss and its parameters")
+    loss_agg_mode: str = setting(
+        "token-mean", "how per-token losses become one number", verl=f"{ARF}.actor.loss_agg_mode"
+    )
+    loss_scale_factor: float | None = setting(
+        None,
+        "divisor of seq-mean-token-sum-norm; null: the padded response length T",
+        verl=f"{ARF}.actor.loss_scale_factor",
+    )
+    entropy_coeff: float = setting(0.0, "weight of the entropy bonus", verl=f"{ARF}.actor.entropy_coeff")
+    use_kl_loss: bool = setting(
+        False, "add a KL-to-reference term to the loss (GRPO style)", verl=f"{ARF}.actor.use_kl_loss"
+    )
+    kl_loss_coef: float = setting(0.001, "weight of the KL loss", verl=f"{ARF}.actor.kl_loss_coef")
+    kl_loss_type: str = setting("low_var_kl", "KL estimator of the KL loss", verl=f"{ARF}.actor.kl_loss_type")
+
+
+@dataclass
+class ReferenceConfig:
+    """The frozen reference policy; it exists only when a KL term needs it."""
+
+    model_path: str = setting("", "directory of the reference model; empty: model.path (the actor's start)")
+    trajectories_per_micro_batch: int = setting(
+        16,
+        "trajectories per forward pass when computing ref_log_prob",
+        verl=f"{ARF}.ref.log_prob_micro_batch_size_per_gpu",
+    )
+
+
+@dataclass
+class CriticConfig:
+    """The value model for GAE (PPO). Present for later issues; the GRPO path does not use it."""
+
+    enable: bool | None = setting(
+        None,
+        "train a critic; null: exactly when the advantage estimator needs values (gae)",
+        verl="critic.enable",
+    )
+    model_path: str = setting(
+        "", "directory the critic starts from; empty: model.path", verl="critic.model.path"
+    )
+    lr: float = setting(1e-5, "peak learning rate of the critic's AdamW", verl="critic.optim.lr")
+    weight_decay: float = setting(0.01, "AdamW weight decay", verl="critic.optim.weight_decay")
+    warmup_steps: int = setting(
+        0, "optimizer steps of linear LR warm-up", verl="critic.optim.lr_warmup_steps"
+    )
+    grad_clip: float = setting(1.0, "max global grad norm", verl="critic.grad_clip")
+    prompts_per_mini_batch: int = setting(
+        16, "prompts per critic optimizer step", verl="critic.ppo_mini_batch_size"
+    )
+    trajectories_per_micro_batch: int = setting(
+        16, "trajectories per critic forward/backward pass", verl="critic.ppo_micro_batch_size_per_gpu"
+    )
+    ppo_epochs: int = setting(1, "critic passes over the step's trajectories", verl="critic.ppo_epochs")
+    cliprange_value: float = setting(
+        0.5, "value clip range around the old values", verl="critic.cliprange_value"
+    )
+    loss_agg_mode: str = setting("token-mean", "aggregation of the value loss", verl="critic.loss_agg_mode")
+    warmup_training_steps: int = setting(
+        0, "training steps that update only the critic before the actor starts", verl="trainer.critic_warmup"
+    )

@@ -1,0 +1,272 @@
+"""Layer 1, config: `validate_config` — every reason a config cannot run, found before anything heavy starts.
+
+Names of estimators, losses, aggregations and KL estimators are checked against the registries in
+`stratarl/algo/`, so the valid names in an error are exactly what the math layer offers. All problems
+are collected and raised together; things that run but are probably unintended come back as warnings.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from stratarl.config.batch_plan import batch_size_problems
+from stratarl.config.errors import ConfigError, ConfigProblem
+from stratarl.config.schema_run import RunConfig
+from stratarl.config.setting import get_by_key, leaf_settings, type_name, value_matches_type
+
+Rule = tuple[Callable[[Any], bool], str]
+POSITIVE: Rule = (lambda v: v > 0, "> 0")
+NON_NEGATIVE: Rule = (lambda v: v >= 0, "≥ 0")
+UNIT_INTERVAL: Rule = (lambda v: 0 <= v <= 1, "in [0, 1]")
+NULL_OR_POSITIVE: Rule = (lambda v: v is None or v > 0, "null or > 0")
+ALL_OR_POSITIVE: Rule = (lambda v: v == -1 or v > 0, "-1 (all) or > 0")
+PROBABILITY_MASS: Rule = (lambda v: 0 < v <= 1, "in (0, 1]")
+BETAS: Rule = (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1)")
+
+RANGES: dict[str, Rule] = {
+    "data.max_train_prompts": ALL_OR_POSITIVE,
+    "data.max_val_prompts": ALL_OR_POSITIVE,
+    "rollout.temperature": NON_NEGATIVE,
+    "rollout.top_p": PROBABILITY_MASS,
+    "rollout.top_k": ALL_OR_POSITIVE,
+    "rollout.trajectories_per_generate_batch": NON_NEGATIVE,
+    "rollout.val_kwargs.n": POSITIVE,
+    "rollout.val_kwargs.temperature": NON_NEGATIVE,
+    "rollout.val_kwargs.top_p": PROBABILITY_MASS,
+    "rollout.val_kwargs.top_k": ALL_OR_POSITIVE,
+    "actor.lr": NON_NEGATIVE,
+    "actor.weight_decay": NON_NEGATIVE,
+    "actor.betas": BETAS,
+    "actor.warmup_steps": NON_NEGATIVE,
+    "actor.min_lr_ratio": UNIT_INTERVAL,
+    "actor.grad_clip": POSITIVE,
+    "actor.policy_loss.clip_ratio_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "actor.policy_loss.clip_ratio_high": NON_NEGATIVE,
+    "actor.policy_loss.clip_ratio_c": (lambda v: v > 1, "> 1"),
+    "actor.loss_scale_factor": NULL_OR_POSITIVE,
+    "actor.kl_loss_coef": NON_NEGATIVE,
+    "reference.trajectories_per_micro_batch": POSITIVE,
+    "critic.lr": NON_NEGATIVE,
+    "critic.grad_clip": POSITIVE,
+    "critic.ppo_epochs": POSITIVE,
+    "critic.cliprange_value": POSITIVE,
+    "critic.warmup_training_steps": NON_NEGATIVE,
+    "algorithm.gamma": UNIT_INTERVAL,
+    "algorithm.lam": UNIT_INTERVAL,
+    "algorithm.kl_ctrl.kl_coef": NON_NEGATIVE,
+    "reward.timeout_s": POSITIVE,
+    "trainer.total_steps": NULL_OR_POSITIVE,
+    "trainer.total_epochs": POSITIVE,
+    "cluster.num_cpus": NULL_OR_POSITIVE,
+    "cluster.threads_per_worker": NULL_OR_POSITIVE,
+    "sft.total_epochs": POSITIVE,
+    "sft.total_steps": NULL_OR_POSITIVE,
+    "sft.lr": NON_NEGATIVE,
+    "sft.min_lr_ratio": UNIT_INTERVAL,
+    "sft.grad_clip": POSITIVE,
+    "sft.trajectories_per_step": POSITIVE,
+    "sft.trajectories_per_micro_batch": POSITIVE,
+    "sft.max_tokens": POSITIVE,
+}
+
+
+def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
+    """Raise ConfigError listing every problem of `cfg` (each naming its keys); return warnings.
+
+    check_paths=False skips the existence of data files and model directories, for callers that
+    create them after validating (the quickstart).
+    """
+    # A config built in Python skips OmegaConf's type checks; the checks below assume the types hold.
+    mistyped = _type_problems(cfg)
+    if mistyped:
+        raise ConfigError(mistyped)
+    problems = [
+        *_name_problems(cfg),
+        *batch_size_problems(cfg),
+        *_range_problems(cfg),
+        *_combination_problems(cfg),
+        *(_path_problems(cfg) if check_paths else []),
+    ]
+    if problems:
+        raise ConfigError(problems)
+    return config_warnings(cfg)
+
+
+def registries() -> dict[str, tuple[str, Collection[str]]]:
+    """Config key -> (what it names, the valid names) from the registries of `stratarl/algo/`."""
+    # Imported here so that loading a config does not import torch.
+    from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
+    from stratarl.algo.aggregation import LOSS_AGGREGATIONS
+    from stratarl.algo.kl import KL_ESTIMATORS
+    from stratarl.algo.kl_control import KL_CONTROLLERS
+    from stratarl.algo.policy_loss import POLICY_LOSSES
+
+    return {
+        "algorithm.adv_estimator": ("advantage estimator", ADVANTAGE_ESTIMATORS),
+        "actor.policy_loss.name": ("policy loss", POLICY_LOSSES),
+        "actor.loss_agg_mode": ("loss aggregation", LOSS_AGGREGATIONS),
+        "critic.loss_agg_mode": ("loss aggregation", LOSS_AGGREGATIONS),
+        "actor.kl_loss_type": ("KL estimator", KL_ESTIMATORS),
+        "algorithm.kl_penalty": ("KL estimator", KL_ESTIMATORS),
+        "algorithm.kl_ctrl.type": ("KL controller", KL_CONTROLLERS),
+    }
+
+
+def _unknown_name(what: str, value: Any, valid: Collection[str], noun: str = "names") -> str:
+    close = difflib.get_close_matches(str(value), list(valid), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {what} {value!r}; valid {noun}: {sorted(valid)}{hint}"
+
+
+def _type_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    problems = []
+    for key, info in leaf_settings(RunConfig).items():
+        value = get_by_key(cfg, key)
+        if not value_matches_type(value, info.type):
+            problems.append(ConfigProblem((key,), f"expected {type_name(info.type)}, got {value!r}"))
+    return problems
+
+
+def _name_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    """Values outside a setting's declared choices or outside an algo registry."""
+    problems = []
+    for key, info in leaf_settings(RunConfig).items():
+        if not info.choices:
+            continue
+        value = get_by_key(cfg, key)
+        for item in value if isinstance(value, list) else [value]:
+            if item not in info.choices:
+                problems.append(
+                    ConfigProblem((key,), _unknown_name("value", item, info.choices, noun="values"))
+                )
+    for key, (what, valid) in registries().items():
+        value = get_by_key(cfg, key)
+        if value not in valid:
+            problems.append(ConfigProblem((key,), _unknown_name(what, value, valid)))
+    return problems
+
+
+def _range_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    problems = []
+    for key, (holds, requirement) in RANGES.items():
+        value = get_by_key(cfg, key)
+        if not holds(value):
+            problems.append(ConfigProblem((key,), f"must be {requirement}, got {value!r}"))
+    return problems
+
+
+def _estimator_inputs(cfg: RunConfig) -> frozenset[str]:
+    """Batch fields the configured estimator reads (empty for an unknown name, reported elsewhere)."""
+    from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
+
+    estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+    return estimator.inputs if estimator is not None else frozenset()
+
+
+def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    """Settings that are fine alone but cannot run together."""
+    estimator, inputs = cfg.algorithm.adv_estimator, _estimator_inputs(cfg)
+    loss, val, kl_ctrl, sft = cfg.actor.policy_loss, cfg.rollout.val_kwargs, cfg.algorithm.kl_ctrl, cfg.sft
+    checks = [  # (fails, keys, message)
+        (
+            "values" in inputs and not cfg.uses_critic,
+            ("algorithm.adv_estimator", "critic.enable"),
+            f"estimator {estimator!r} needs values from a critic, but critic.enable is false",
+        ),
+        (
+            "group" in inputs and cfg.rollout.n < 2,
+            ("algorithm.adv_estimator", "rollout.n"),
+            f"estimator {estimator!r} compares the samples of one prompt, but rollout.n={cfg.rollout.n}: "
+            "a group of one has no baseline (verl silently falls back to the raw score, or 0); "
+            "set rollout.n ≥ 2, or use a non-group estimator such as reinforce_plus_plus",
+        ),
+        (
+            loss.name == "dro" and (loss.dro_beta is None or loss.dro_beta <= 0),
+            ("actor.policy_loss.name", "actor.policy_loss.dro_beta"),
+            f"policy loss 'dro' needs actor.policy_loss.dro_beta > 0, got {loss.dro_beta}",
+        ),
+        (
+            not val.greedy and val.temperature <= 0,
+            ("rollout.val_kwargs.greedy", "rollout.val_kwargs.temperature"),
+            "sampling (greedy=false) needs temperature > 0; set greedy=true for argmax decoding",
+        ),
+        (
+            kl_ctrl.type == "adaptive" and (kl_ctrl.target_kl <= 0 or kl_ctrl.horizon <= 0),
+            ("algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"),
+            f"the adaptive controller needs target_kl > 0 and horizon > 0, got {kl_ctrl.target_kl} and "
+            f"{kl_ctrl.horizon}",
+        ),
+        (
+            sft.trajectories_per_micro_batch > 0
+            and sft.trajectories_per_step % sft.trajectories_per_micro_batch,
+            ("sft.trajectories_per_step", "sft.trajectories_per_micro_batch"),
+            f"sft.trajectories_per_step={sft.trajectories_per_step} is not divisible by "
+            f"sft.trajectories_per_micro_batch={sft.trajectories_per_micro_batch}",
+        ),
+    ]
+    return [ConfigProblem(keys, message) for fails, keys, message in checks if fails]
+
+
+def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    """Data files, model directories and the custom scorer that must exist on disk."""
+    problems = []
+    if not cfg.data.train_files:
+        problems.append(ConfigProblem(("data.train_files",), "no training data: give parquet files"))
+    for key in ("data.train_files", "data.val_files"):
+        problems += [
+            ConfigProblem((key,), f"file not found: {path}")
+            for path in get_by_key(cfg, key)
+            if not Path(path).is_file()
+        ]
+    if not cfg.model.path:
+        problems.append(ConfigProblem(("model.path",), "no model: give an HF model directory"))
+    directories = {
+        "model.path": True,
+        "model.tokenizer_path": True,
+        "reference.model_path": cfg.uses_reference,
+        "critic.model_path": cfg.uses_critic,
+    }
+    for key, needed in directories.items():
+        path = get_by_key(cfg, key)
+        if needed and path and not Path(path).is_dir():
+            problems.append(ConfigProblem((key,), f"directory not found: {path}"))
+    scorer = cfg.reward.custom_function_path
+    if scorer and not Path(scorer).is_file():
+        problems.append(ConfigProblem(("reward.custom_function_path",), f"file not found: {scorer}"))
+    return problems
+
+
+def config_warnings(cfg: RunConfig) -> list[str]:
+    """Settings that run but are probably unintended, one sentence each naming the keys."""
+    from stratarl.algo.policy_loss import POLICY_LOSSES
+
+    warnings = []
+    if cfg.uses_critic and "values" not in _estimator_inputs(cfg):
+        warnings.append(
+            f"critic.enable: a critic is trained but {cfg.algorithm.adv_estimator!r} ignores values"
+        )
+    if cfg.actor.use_kl_loss and cfg.algorithm.use_kl_in_reward:
+        warnings.append(
+            "actor.use_kl_loss and algorithm.use_kl_in_reward are both on: the KL is penalized twice"
+        )
+    if cfg.rollout.val_kwargs.greedy and cfg.rollout.val_kwargs.n > 1:
+        warnings.append("rollout.val_kwargs.n > 1 with greedy decoding gives identical samples")
+    if cfg.rollout.temperature == 0 and "group" in _estimator_inputs(cfg):
+        warnings.append(
+            "rollout.temperature=0: the n samples of a prompt are identical and group advantages 0"
+        )
+    validates = cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train
+    if validates and not cfg.data.val_files:
+        warnings.append(
+            "trainer.test_freq / trainer.val_before_train ask for validation, but data.val_files is empty"
+        )
+    forced = POLICY_LOSSES[cfg.actor.policy_loss.name].forced_aggregation
+    if forced and forced != cfg.actor.loss_agg_mode:
+        warnings.append(
+            f"actor.loss_agg_mode={cfg.actor.loss_agg_mode!r} is ignored: policy loss "
+            f"{cfg.actor.policy_loss.name!r} always aggregates with {forced!r} (as in verl)"
+        )
+    return warnings
