@@ -1,0 +1,154 @@
+"""Layer 5, data: prompts from verl-schema parquet files, chat-templated and tokenized once.
+
+Each kept row becomes a `PromptItem` that carries its prompt token ids and everything a trace
+needs to find it again (file, split, row index). Rows that break the schema or whose template
+fails are reported with file and row and skipped; prompts longer than `max_prompt_tokens` are
+dropped and counted (verl keeps length <= max_prompt_length). Nothing here crashes on one bad row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratarl.data.schema import RowError, check_row, read_rows
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One prompt, ready to batch. `prompt_ids` are the chat-templated tokens, generation prompt included."""
+
+    prompt_ids: list[int]
+    messages: list[dict[str, Any]]
+    data_source: str
+    ground_truth: Any
+    ability: str
+    extra_info: dict[str, Any]
+    source_file: str
+    source_split: str  # extra_info["split"] when present, else the file's stem
+    source_row: int  # row index inside source_file
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    file: str
+    row: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file} row {self.row}: {self.reason}"
+
+
+@dataclass
+class DatasetReport:
+    """What loading did: rows read, kept, dropped as over-long, skipped as malformed (first few listed)."""
+
+    files: list[str]
+    max_prompt_tokens: int
+    num_rows: int = 0
+    num_kept: int = 0
+    num_overlong: int = 0
+    num_malformed: int = 0
+    longest_kept_tokens: int = 0
+    problems: list[RowProblem] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"{self.num_rows} rows from {len(self.files)} file(s): kept {self.num_kept}, "
+            f"over {self.max_prompt_tokens} prompt tokens {self.num_overlong}, "
+            f"malformed {self.num_malformed}; "
+            f"longest kept prompt {self.longest_kept_tokens} tokens"
+        ]
+        lines += [f"  malformed: {problem}" for problem in self.problems]
+        if self.num_malformed > len(self.problems):
+            lines.append(f"  ... and {self.num_malformed - len(self.problems)} more malformed rows")
+        return "\n".join(lines)
+
+
+class PromptDataset:
+    """A list of `PromptItem`s and the `DatasetReport` of how they were loaded."""
+
+    def __init__(self, items: list[PromptItem], report: DatasetReport):
+        self.items = items
+        self.report = report
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> PromptItem:
+        return self.items[index]
+
+
+def tokenize_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Chat template applied once, tokenized in the same call: no second BOS, no double template.
+
+    `return_dict=False` because transformers 5.x returns a BatchEncoding by default.
+    """
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return [int(token) for token in ids]
+
+
+def load_prompt_dataset(
+    paths: str | Path | Sequence[str | Path],
+    tokenizer: Any,
+    *,
+    max_prompt_tokens: int,
+    max_problems: int = 5,
+) -> PromptDataset:
+    """Read verl-schema parquet file(s) as-is into a `PromptDataset`; log and attach the report.
+
+    Raises FileNotFoundError / ValueError for a missing or unreadable file, and ValueError when
+    no row survives (an empty dataset would otherwise train zero steps without saying why).
+    """
+    files = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
+    report = DatasetReport(files=files, max_prompt_tokens=max_prompt_tokens)
+    items: list[PromptItem] = []
+    for file in files:
+        for row_index, row in enumerate(read_rows(file)):
+            report.num_rows += 1
+            try:
+                item = _item_from_row(row, tokenizer, file, row_index)
+            except RowError as err:
+                report.num_malformed += 1
+                if len(report.problems) < max_problems:
+                    report.problems.append(RowProblem(file, row_index, str(err)))
+                continue
+            if len(item.prompt_ids) > max_prompt_tokens:
+                report.num_overlong += 1
+                continue
+            report.longest_kept_tokens = max(report.longest_kept_tokens, len(item.prompt_ids))
+            items.append(item)
+    report.num_kept = len(items)
+    (logger.warning if report.num_malformed else logger.info)("prompt dataset: %s", report.summary())
+    if not items:
+        raise ValueError(f"no usable prompts in {', '.join(files)}:\n{report.summary()}")
+    return PromptDataset(items, report)
+
+
+def _item_from_row(row: dict[str, Any], tokenizer: Any, file: str, row_index: int) -> PromptItem:
+    verl_row = check_row(row)
+    try:
+        prompt_ids = tokenize_prompt(tokenizer, verl_row.messages)
+    except Exception as err:  # a template may reject a role or a message layout
+        raise RowError(f"chat template failed: {type(err).__name__}: {err}") from err
+    if not prompt_ids:
+        raise RowError("chat template produced no tokens")
+    split = verl_row.extra_info.get("split")
+    return PromptItem(
+        prompt_ids=prompt_ids,
+        messages=verl_row.messages,
+        data_source=verl_row.data_source,
+        ground_truth=verl_row.ground_truth,
+        ability=verl_row.ability,
+        extra_info=verl_row.extra_info,
+        source_file=file,
+        source_split=split if isinstance(split, str) and split else Path(file).stem,
+        source_row=row_index,
+    )

@@ -1,0 +1,105 @@
+"""Layer 5, data: verl's parquet row schema — reading, checking and writing rows with pyarrow.
+
+A row: `data_source` (str), `prompt` (list of chat messages {"role", "content"}), `ability` (str),
+`reward_model` ({"style", "ground_truth"}), `extra_info` ({"split", "index", ...}). Extra columns
+are kept untouched. `check_row` turns one raw row into a `VerlRow` or raises `RowError` with a
+reason, so a reader can report the file and row and move on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class RowError(ValueError):
+    """One row does not follow the schema; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class VerlRow:
+    data_source: str
+    messages: list[dict[str, Any]]  # chat messages, each with str "role" and "content"
+    ground_truth: Any
+    ability: str
+    extra_info: dict[str, Any]
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of one parquet file as Python dicts, in file order (row i is index i)."""
+    try:
+        return pq.read_table(path).to_pylist()
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"cannot read parquet file {path}: {err}") from err
+
+
+def write_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """Write rows to one parquet file (schema inferred from the rows, which must agree)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(list(rows)), out)
+    return out
+
+
+def check_row(row: dict[str, Any]) -> VerlRow:
+    """The row as a `VerlRow`, or RowError naming the first field that breaks the schema."""
+    data_source = row.get("data_source")
+    if not isinstance(data_source, str) or not data_source:
+        raise RowError(f"data_source must be a non-empty string, got {_describe(data_source)}")
+    ability = row.get("ability")
+    if ability is not None and not isinstance(ability, str):
+        raise RowError(f"ability must be a string, got {_describe(ability)}")
+    extra_info = row.get("extra_info")
+    if extra_info is not None and not isinstance(extra_info, dict):
+        raise RowError(f"extra_info must be a dict, got {_describe(extra_info)}")
+    return VerlRow(
+        data_source=data_source,
+        messages=_check_messages(row),
+        ground_truth=_check_ground_truth(row),
+        ability=ability or "",
+        extra_info=dict(extra_info or {}),
+    )
+
+
+def _check_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
+    if "prompt" not in row:
+        raise RowError("prompt column is missing")
+    prompt = row["prompt"]
+    if not isinstance(prompt, list | tuple):
+        raise RowError(f"prompt must be a list of chat messages, got {_describe(prompt)}")
+    if not prompt:
+        raise RowError("prompt has no messages")
+    messages = []
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict):
+            raise RowError(f"prompt[{i}] must be a dict with role and content, got {_describe(message)}")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise RowError(f"prompt[{i}].{key} must be a string, got {_describe(message.get(key))}")
+        # Parquet structs give every message every field seen in the column; drop the null fillers
+        # so chat templates that test `'tool_calls' in message` see the original message.
+        messages.append({key: value for key, value in message.items() if value is not None})
+    return messages
+
+
+def _check_ground_truth(row: dict[str, Any]) -> Any:
+    if "reward_model" not in row:
+        raise RowError("reward_model column is missing")
+    reward_model = row["reward_model"]
+    if not isinstance(reward_model, dict):
+        raise RowError(f"reward_model must be a dict with ground_truth, got {_describe(reward_model)}")
+    if reward_model.get("ground_truth") is None:
+        raise RowError("reward_model.ground_truth is missing or null")
+    return reward_model["ground_truth"]
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"

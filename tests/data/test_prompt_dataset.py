@@ -1,0 +1,126 @@
+"""Prompt loading: template applied once, over-long prompts dropped and counted, bad rows reported."""
+
+import logging
+
+import pytest
+from tokenizers import Tokenizer, processors
+from transformers import PreTrainedTokenizerFast
+
+from stratarl.data.prompt_dataset import load_prompt_dataset, tokenize_prompt
+from stratarl.data.schema import read_rows, write_rows
+from stratarl.data.tokenizer_factory import IM_START
+
+
+def _row(content, *, split="train", index=0, truth="3"):
+    return {
+        "data_source": "arithmetic",
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": {"split": split, "index": index},
+    }
+
+
+def test_items_keep_ids_messages_truth_and_source(arithmetic_paths, tokenizer):
+    dataset = load_prompt_dataset(arithmetic_paths["test"], tokenizer, max_prompt_tokens=256)
+    rows = read_rows(arithmetic_paths["test"])
+    assert len(dataset) == len(rows) == dataset.report.num_kept == dataset.report.num_rows
+    for item, row in zip(dataset.items, rows, strict=True):
+        rendered = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+        assert item.prompt_ids == tokenizer.encode(rendered, add_special_tokens=False)
+        assert item.messages == row["prompt"] and item.ground_truth == row["reward_model"]["ground_truth"]
+        assert (item.source_split, item.source_row) == ("test", row["extra_info"]["index"])
+        assert item.source_file == str(arithmetic_paths["test"])
+
+
+def test_chat_template_applied_once(tokenizer):
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2+2?"}]
+    ids = tokenize_prompt(tokenizer, messages)
+    # 2 message headers + 1 generation header; a second template pass would double them.
+    assert ids.count(tokenizer.convert_tokens_to_ids(IM_START)) == 3
+    assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_no_double_bos_with_a_llama_style_tokenizer(tokenizer):
+    """A tokenizer that adds BOS on encode AND writes {{ bos_token }} in its template."""
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # a copy: the fixture is shared
+    bos = "<|endoftext|>"
+    backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 0)])
+    llama_like = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=bos,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        chat_template="{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    )
+    messages = [{"role": "user", "content": "1+2"}]
+    ids = tokenize_prompt(llama_like, messages)
+    assert ids.count(0) == 1 and ids[0] == 0
+    # The mistake this guards against: render, then encode with special tokens -> two BOS.
+    text = llama_like.apply_chat_template(messages, tokenize=False)
+    assert llama_like(text)["input_ids"].count(0) == 2
+
+
+def test_overlong_prompts_dropped_and_counted(tmp_path, tokenizer):
+    contents = ["1+2", "12+34+56", "1+2+3+4+5+6+7+8", "x" * 3, "99*99*99*99*99*99*99*99"]
+    path = write_rows(tmp_path / "p.parquet", [_row(c, index=i) for i, c in enumerate(contents)])
+    lengths = [len(tokenize_prompt(tokenizer, [{"role": "user", "content": c}])) for c in contents]
+    limit = sorted(lengths)[2]  # the median length: a prompt of exactly `limit` tokens is kept
+    dataset = load_prompt_dataset(path, tokenizer, max_prompt_tokens=limit)
+    expected_kept = [i for i, n in enumerate(lengths) if n <= limit]
+    assert [item.source_row for item in dataset.items] == expected_kept
+    assert dataset.report.num_overlong == len(contents) - len(expected_kept) > 0
+    assert dataset.report.longest_kept_tokens == limit
+    assert dataset.report.num_malformed == 0
+
+
+def test_malformed_rows_reported_with_file_and_row_and_skipped(tmp_path, tokenizer, caplog):
+    rows = [
+        _row("1+1", index=0),
+        {**_row("x"), "prompt": None},
+        {**_row("x"), "prompt": []},
+        {**_row("x"), "reward_model": None},
+        {**_row("x"), "prompt": [{"role": "user", "content": None}]},
+        _row("2+2", index=5),
+    ]
+    good = write_rows(tmp_path / "mixed.parquet", rows)
+    no_prompt = write_rows(
+        tmp_path / "noprompt.parquet", [{"data_source": "a", "reward_model": {"ground_truth": "1"}}]
+    )
+    with caplog.at_level(logging.WARNING, logger="stratarl.data.prompt_dataset"):
+        dataset = load_prompt_dataset([good, no_prompt], tokenizer, max_prompt_tokens=64, max_problems=3)
+    report = dataset.report
+    assert [item.source_row for item in dataset.items] == [0, 5]
+    assert (report.num_rows, report.num_kept, report.num_malformed) == (7, 2, 5)
+    assert [(p.file, p.row) for p in report.problems] == [(str(good), 1), (str(good), 2), (str(good), 3)]
+    assert "prompt must be a list" in report.problems[0].reason
+    assert "and 2 more malformed rows" in report.summary()
+    assert "mixed.parquet row 1" in caplog.text
+
+
+def test_template_failure_is_a_reported_row(tmp_path, tokenizer):
+    strict = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        chat_template="{% for m in messages %}{% if m['role'] == 'tool' %}"
+        "{{ raise_exception('no tools here') }}{% endif %}{{ m['content'] }}{% endfor %}",
+    )
+    rows = [_row("1+1"), {**_row("x"), "prompt": [{"role": "tool", "content": "42"}]}]
+    dataset = load_prompt_dataset(write_rows(tmp_path / "t.parquet", rows), strict, max_prompt_tokens=64)
+    assert len(dataset) == 1 and dataset.report.num_malformed == 1
+    assert "no tools here" in dataset.report.problems[0].reason
+
+
+def test_no_usable_rows_is_an_error_with_the_report(tmp_path, tokenizer):
+    path = write_rows(tmp_path / "long.parquet", [_row("1+2+3+4+5+6+7+8+9")])
+    with pytest.raises(ValueError, match="over 5 prompt tokens 1"):
+        load_prompt_dataset(path, tokenizer, max_prompt_tokens=5)
+
+
+def test_split_falls_back_to_file_stem(tmp_path, tokenizer):
+    row = {k: v for k, v in _row("1+1").items() if k != "extra_info"}
+    dataset = load_prompt_dataset(
+        write_rows(tmp_path / "valid.parquet", [row]), tokenizer, max_prompt_tokens=64
+    )
+    assert dataset[0].source_split == "valid" and dataset[0].extra_info == {}
