@@ -1,0 +1,110 @@
+"""Layer 5, rollout: the engine interface every generation backend implements.
+
+Token ids in, token ids out: a `GenerationRequest` carries prompt ids and `SamplingParams`; a
+`GenerationResult` carries the sampled response ids, the log-prob of each sampled token (the rule is
+in `stratarl.rollout.sampling`), why generation stopped, and the weight version that produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token of one request.
+
+    temperature: 0 means greedy (argmax of the raw logits); > 0 divides the logits before sampling.
+    top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches top_p (1 = off).
+    top_k: keep the k most likely tokens (0 or -1 = off; HF spells "off" 0, vLLM/verl spell it -1).
+    max_tokens: the most response tokens to generate (the stop token, if any, counts as one).
+    stop_token_ids: extra ids that end generation, besides the engine's EOS ids; the stop token is
+        kept in the response as the last action token.
+    seed: a request with a seed draws its randomness from its own torch.Generator, so the same
+        prompt and seed give the same response whatever else is in the batch; None draws from the
+        engine's generator. Give each of a prompt's n samples its own seed, or they are identical.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be >= -1 (0 or -1 = off), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to complete: its id (echoed in the result), prompt token ids and sampling params."""
+
+    request_id: str
+    prompt_ids: Sequence[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_ids) == 0:
+            raise ValueError(f"request {self.request_id!r} has an empty prompt")
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """One completed request.
+
+    response_ids and log_probs have the same length T_i >= 1: log_probs[t] is the log-prob of
+    response_ids[t] under the rule documented in `stratarl.rollout.sampling`. finish_reason is
+    "stop" when the last token is an EOS/stop id and "length" when max_tokens ran out.
+    """
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]
+    finish_reason: FinishReason
+    weight_version: int
+
+    def __post_init__(self) -> None:
+        if len(self.response_ids) != len(self.log_probs):
+            raise ValueError(
+                f"result {self.request_id!r}: {len(self.response_ids)} response ids but "
+                f"{len(self.log_probs)} log-probs"
+            )
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the rest of the system may ask of a generation backend."""
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights now served (0 = the weights the engine was built with)."""
+        ...
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Complete every request; results come back in request order."""
+        ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> object:
+        """Replace the served weights in place and serve them as `version` (> the current one)."""
+        ...
