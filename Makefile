@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m stratarl demo
+	$(PY) -m stratarl quickstart
 
 test: $(STAMP)
 	$(PY) -m pytest -q

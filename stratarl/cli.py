@@ -7,18 +7,43 @@ for what it uses.
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from stratarl.demo import run_demo
+def _default_run_dir(name: str) -> Path:
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    run_demo(steps=args.steps, seed=args.seed)
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from stratarl.trainer.quickstart import TaskSettings, run_quickstart
+
+    task = TaskSettings(model_size=args.model_size, sft_steps=args.sft_steps)
+    run_quickstart(
+        args.run_dir or _default_run_dir("quickstart"), seed=args.seed, overrides=args.overrides, task=task
+    )
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from stratarl.config import load_config
+    from stratarl.trainer.rl_trainer import RLTrainer
+
+    cfg = load_config(args.recipe, args.overrides)
+    run_dir = cfg.trainer.run_dir or _default_run_dir(cfg.trainer.experiment_name)
+    RLTrainer(cfg, run_dir).fit()
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from stratarl.data.tasks.arithmetic import run_from_args
+
+    return run_from_args(args)
+
+
 def _explain_field(args: argparse.Namespace) -> int:
-    from stratarl.transport.fields import explain_field
+    from stratarl.transport.field_docs import explain_field
 
     try:
         print(explain_field(args.name))
@@ -32,10 +57,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stratarl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="GRPO on a tiny local language model (about a minute on 2 CPUs)")
-    demo.add_argument("--steps", type=int, default=30, help="optimizer steps (one rollout batch each)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(handler=_demo)
+    quick = commands.add_parser(
+        "quickstart",
+        help="data + tiny model, SFT, then GRPO; reports held-out accuracy (what `make demo` runs)",
+    )
+    quick.add_argument("--run-dir", help="where everything is written (default runs/quickstart-<time>)")
+    quick.add_argument("--seed", type=int, default=0)
+    quick.add_argument("--model-size", default="1m", help="tiny model preset (1m, 5m, 10m, 50m)")
+    quick.add_argument("--sft-steps", type=int, default=60, help="optimizer steps of the SFT warm-start")
+    quick.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. rollout.n=8")
+    quick.set_defaults(handler=_quickstart)
+
+    train = commands.add_parser(
+        "train", help="RL training from a recipe: stratarl train RECIPE [key=value ...]"
+    )
+    train.add_argument("recipe", help="YAML recipe (overrides of the defaults in docs/config.md)")
+    train.add_argument(
+        "overrides", nargs="*", help="dotted config overrides, e.g. algorithm.adv_estimator=grpo"
+    )
+    train.set_defaults(handler=_train)
+
+    data = commands.add_parser("data", help="write synthetic tasks as verl-schema parquet")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    make = data_commands.add_parser("make", help="make a dataset")
+    make_tasks = make.add_subparsers(dest="task", required=True)
+    from stratarl.data.tasks.arithmetic import add_arguments
+
+    arithmetic = make_tasks.add_parser("arithmetic", help="integer arithmetic with train and test splits")
+    add_arguments(arithmetic)
+    arithmetic.set_defaults(handler=_data)
 
     explain = commands.add_parser("explain-field", help="print the contract of a standard batch field")
     explain.add_argument("name", help="field name, e.g. response_mask")

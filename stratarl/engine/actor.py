@@ -36,6 +36,9 @@ class BatchTotals:
 
 
 class LossFn(Protocol):
+    """(micro-batch loss, metrics). The loss is normalised by the mini-batch `totals`, and each metric
+    is the micro-batch's share of the mini-batch value: the engine adds both up over micro-batches."""
+
     def __call__(
         self, micro: DataProto, scores: ResponseScores, totals: BatchTotals
     ) -> tuple[Tensor, dict[str, float]]: ...
@@ -150,8 +153,8 @@ class Actor:
         with_entropy: bool = False,
     ) -> dict[str, float]:
         """One training step: `epochs` passes over mini-batches of `mini_batch_size` rows, one optimizer
-        step per mini-batch, then one LR-schedule step. Returns metrics averaged over micro-batches
-        (loss_fn's) and optimizer steps (`grad_norm`), plus `lr` and the skipped-step count."""
+        step per mini-batch, then one LR-schedule step. Returns metrics summed over micro-batches
+        (loss_fn's shares) and averaged over optimizer steps, plus `lr` and the skipped-step count."""
         self.model.train()
         collected: dict[str, list[float]] = defaultdict(list)
         for mini in batch.make_iterator(mini_batch_size, epochs=epochs, seed=shuffle_seed):
@@ -180,7 +183,7 @@ class Actor:
         else:
             self.skipped_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
-        out = {name: sum(values) / len(values) for name, values in micro_metrics.items()}
+        out = {name: sum(values) for name, values in micro_metrics.items()}
         out["grad_norm"] = grad_norm
         return out
 

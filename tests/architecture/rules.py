@@ -28,6 +28,12 @@ ALLOWED_INTERNAL: dict[str, frozenset[str]] = {
     "trainer": frozenset({"config", "cluster", "transport", "algo", "observe", "data", "reward", "agent"}),
 }
 
+# Interface modules (data types, no compute) a package may import although their layer is closed to
+# it: the trainer builds `SamplingParams` for the rollout phase but never touches an engine.
+ALLOWED_INTERFACE_MODULES: dict[str, frozenset[str]] = {
+    "trainer": frozenset({"stratarl.rollout.interface"}),
+}
+
 # Third-party packages a layer may import at all (None: no closed list). Stdlib is always allowed.
 ALLOWED_THIRD_PARTY: dict[str, frozenset[str] | None] = {
     "algo": frozenset({"torch", "numpy"}),
@@ -88,7 +94,9 @@ def _check_imports(rel: str, layer: str | None, imported: list[str]) -> list[Vio
         if top == PACKAGE:
             target = name.split(".")[1] if "." in name else None
             crosses_layers = layer and target in ALLOWED_INTERNAL and target != layer
-            if crosses_layers and target not in ALLOWED_INTERNAL[layer]:
+            interfaces = ALLOWED_INTERFACE_MODULES.get(layer, frozenset())
+            is_interface = any(name == m or name.startswith(m + ".") for m in interfaces)
+            if crosses_layers and target not in ALLOWED_INTERNAL[layer] and not is_interface:
                 found.append(Violation(rel, "layer-direction", f"`{layer}` must not import `{name}`"))
             continue
         if top in sys.stdlib_module_names or top == "__future__" or not top:

@@ -31,6 +31,7 @@ def test_clean_tree_passes(tmp_path):
         "stratarl/cluster/handles.py": "import ray\nfrom stratarl.engine import actor\n",
         "stratarl/engine/actor.py": "import torch.distributed as dist\nimport transformers\n",
         "stratarl/cli.py": "from stratarl.trainer import fit\nfrom stratarl.engine import actor\n",
+        "stratarl/trainer/phases.py": "from stratarl.rollout.interface import SamplingParams\n",
     }
     assert rules_broken(tmp_path, files) == set()
 
@@ -45,6 +46,7 @@ def test_clean_tree_passes(tmp_path):
         ("stratarl/rollout/bad.py", "from stratarl import cluster\n"),
         ("stratarl/reward/bad.py", "from stratarl.config import schema\n"),
         ("stratarl/trainer/bad.py", "from stratarl.engine.actor import Actor\n"),
+        ("stratarl/trainer/bad.py", "from stratarl.rollout.torch_engine import TorchRolloutEngine\n"),
         ("stratarl/observe/bad.py", "from stratarl.trainer import fit\n"),
     ],
 )

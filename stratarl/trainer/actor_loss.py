@@ -1,0 +1,85 @@
+"""Layer 2, control flow: the actor's objective, composed from `algo/` for the engine.
+
+    L = agg(ℓ_pg) − c_H · agg(H) + c_KL · agg(KL(π ‖ π_ref))
+
+where ℓ_pg is the per-token policy loss named in config, agg the configured aggregation with the
+mini-batch totals as global normalisers (so the engine's micro-batch losses add up to the
+mini-batch loss), H the token entropy and KL a per-token estimator (`use_kl_loss`). The engine only
+sees a callable; it never learns which algorithm it trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from stratarl.algo.aggregation import aggregate_loss
+from stratarl.algo.kl import kl_penalty
+from stratarl.algo.policy_loss import compute_policy_loss, get_policy_loss
+from stratarl.transport.data_proto import DataProto
+
+
+@dataclass(frozen=True)
+class ActorLoss:
+    """A LossFn (see `stratarl.engine.actor.LossFn`) for one policy-loss configuration."""
+
+    policy_loss: str = "vanilla"
+    hyperparameters: dict[str, Any] = field(default_factory=dict)  # e.g. clip_ratio_low/high/c
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    kl_loss_coef: float = 0.0  # 0 = no KL term in the loss
+    kl_loss_type: str = "low_var_kl"
+
+    @classmethod
+    def from_settings(cls, policy_loss: str, settings: dict[str, Any], **kwargs: Any) -> ActorLoss:
+        """Keep only the hyper-parameters the named loss accepts (the config holds all losses' knobs)."""
+        accepted = get_policy_loss(policy_loss).hyperparameters
+        chosen = {k: v for k, v in settings.items() if k in accepted and v is not None}
+        return cls(policy_loss=policy_loss, hyperparameters=chosen, **kwargs)
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy_coeff != 0.0
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_loss_coef != 0.0
+
+    def __call__(self, micro: DataProto, scores, totals) -> tuple[Tensor, dict[str, float]]:
+        mask = micro["response_mask"]  # [m, T]
+        share = float(mask.sum()) / max(totals.num_tokens, 1)  # this micro-batch's share of tokens
+        normalizers = {
+            "dp_size": totals.dp_size,
+            "global_num_tokens": totals.num_tokens,
+            "global_batch_size": totals.num_sequences,
+        }
+        pg_loss, pg_metrics = compute_policy_loss(
+            self.policy_loss,
+            log_prob=scores.log_prob,
+            old_log_prob=micro["old_log_probs"],
+            advantages=micro["advantages"],
+            response_mask=mask,
+            loss_agg_mode=self.loss_agg_mode,
+            rollout_is_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro.columns else None,
+            **normalizers,
+            **self.hyperparameters,
+        )
+
+        def agg(per_token: Tensor) -> Tensor:
+            return aggregate_loss(per_token, mask, self.loss_agg_mode, **normalizers)
+
+        loss = pg_loss
+        metrics = {"actor/pg_loss": pg_loss.item()}
+        metrics |= {f"actor/{name}": float(value) * share for name, value in pg_metrics.items()}
+        if scores.entropy is not None:
+            entropy = agg(scores.entropy)
+            metrics["actor/entropy"] = entropy.item()
+            if self.entropy_coeff:
+                loss = loss - self.entropy_coeff * entropy
+        if self.kl_loss_coef:
+            kl = agg(kl_penalty(scores.log_prob, micro["ref_log_prob"], self.kl_loss_type))
+            loss = loss + self.kl_loss_coef * kl
+            metrics |= {"actor/kl_loss": kl.item(), "actor/kl_coef": self.kl_loss_coef * share}
+        return loss, metrics

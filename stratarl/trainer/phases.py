@@ -1,0 +1,186 @@
+"""Layer 2, control flow: one function per phase of a step (DESIGN.md §3).
+
+Each phase reads named fields of the batch, checks them against their contracts, computes, and
+returns the batch with the fields it writes (checked too). Workers are reached through the
+`PolicyWorker` handle; the math comes from `algo/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from stratarl.algo.advantages import get_advantage_estimator
+from stratarl.algo.groups import group_ids_from_uids
+from stratarl.algo.kl_control import apply_kl_penalty
+from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.reward.batch_scorer import RewardResult, score_batch
+from stratarl.reward.token_scores import place_on_last_token
+from stratarl.rollout.interface import SamplingParams
+from stratarl.transport.data_proto import DataProto
+from stratarl.transport.field_checks import validate
+
+# Estimator argument names (the math layer's vocabulary) that differ from the batch's field names.
+ESTIMATOR_ARGUMENT_FIELDS = {"old_log_prob": "old_log_probs"}
+
+ROLLOUT_FIELDS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
+
+
+def expand_prompts(prompts: DataProto, n: int, step: int) -> DataProto:
+    """B prompts -> N = B·n sessions: `uid` shared by a prompt's n samples, `sample_index` 0..n-1."""
+    uids = np.array([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
+    with_uid = prompts.union(DataProto.from_dict(non_tensors={"uid": uids}))
+    expanded = with_uid.repeat(n, interleave=True)
+    sample_index = torch.arange(len(expanded), dtype=torch.int64) % n
+    batch = expanded.union(DataProto.from_dict({"sample_index": sample_index}))
+    validate(batch, writes=["uid", "sample_index"], phase="expand")
+    return batch
+
+
+def generate(worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, seed: int | None) -> DataProto:
+    """Rollout: one response per session, token-in/token-out, with the weight version that made it."""
+    generated = worker.generate(batch, sampling, seed=seed)
+    batch = batch.union(generated)
+    validate(batch, writes=[*ROLLOUT_FIELDS, "rollout_log_probs", "weight_version"], phase="rollout")
+    return batch
+
+
+def decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
+    """The text of each response's action tokens (special tokens such as EOS dropped)."""
+    mask = batch["response_mask"].bool()
+    return [
+        tokenizer.decode(ids[row_mask].tolist(), skip_special_tokens=True)
+        for ids, row_mask in zip(batch["responses"], mask, strict=True)
+    ]
+
+
+def reward(
+    batch: DataProto, tokenizer: Any, compute_score: Callable[..., Any]
+) -> tuple[DataProto, RewardResult, list[str]]:
+    """Score each response; the score sits on its last action token (`token_level_scores`)."""
+    validate(batch, reads=["responses", "response_mask", "data_source"], phase="reward")
+    texts = decode_responses(tokenizer, batch)
+    result = score_batch(
+        list(batch["data_source"]),
+        texts,
+        list(batch["ground_truth"]),
+        list(batch["extra_info"]),
+        compute_score=compute_score,
+    )
+    scores = place_on_last_token(result.scores, batch["response_mask"])  # [N, T]
+    batch = batch.union(DataProto.from_dict({"token_level_scores": scores}))
+    validate(batch, writes=["token_level_scores"], phase="reward")
+    return batch, result, texts
+
+
+def old_log_prob(worker: PolicyWorker, batch: DataProto) -> DataProto:
+    """log π_old of every response token under the weights that are about to be updated."""
+    validate(
+        batch, reads=["input_ids", "attention_mask", "position_ids", "responses"], phase="actor.log_prob"
+    )
+    batch = batch.union(worker.compute_log_prob(batch, with_entropy=True))
+    validate(batch, writes=["old_log_probs", "entropys"], phase="actor.log_prob")
+    return batch
+
+
+def ref_log_prob(worker: PolicyWorker, batch: DataProto) -> DataProto:
+    """log π_ref of every response token under the frozen reference policy."""
+    batch = batch.union(worker.compute_ref_log_prob(batch))
+    validate(batch, writes=["ref_log_prob"], phase="reference.log_prob")
+    return batch
+
+
+def advantage(
+    batch: DataProto,
+    *,
+    estimator: str,
+    hyperparameters: dict[str, Any],
+    kl_in_reward: tuple[float, str] | None = None,
+) -> tuple[DataProto, dict[str, float]]:
+    """token_level_rewards (scores, minus β·KL when KL is in the reward), then advantages/returns."""
+    validate(batch, reads=["token_level_scores", "response_mask", "uid"], phase="advantage")
+    metrics: dict[str, float] = {}
+    rewards = batch["token_level_scores"]
+    if kl_in_reward is not None:
+        beta, kind = kl_in_reward
+        rewards, kl_metrics = apply_kl_penalty(
+            rewards, batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"], beta, kind
+        )
+        metrics |= {f"actor/{name}": float(value) for name, value in kl_metrics.items()}
+    entry = get_advantage_estimator(estimator)
+    fields = {"token_level_rewards": rewards, "group": group_ids_from_uids(batch["uid"])}
+    for name in (entry.inputs | entry.optional_inputs) - fields.keys():
+        column = ESTIMATOR_ARGUMENT_FIELDS.get(name, name)
+        if column in batch:
+            fields[name] = batch[column]
+    accepted = {k: v for k, v in hyperparameters.items() if k in entry.hyperparameters}
+    advantages, returns = entry(fields, **accepted)
+    mask = batch["response_mask"].to(advantages.dtype)
+    batch = batch.union(
+        DataProto.from_dict(
+            {"token_level_rewards": rewards, "advantages": advantages * mask, "returns": returns * mask}
+        )
+    )
+    validate(batch, writes=["token_level_rewards", "advantages", "returns"], phase="advantage")
+    return batch, metrics
+
+
+def update_actor(
+    worker: PolicyWorker,
+    batch: DataProto,
+    loss_fn: Any,
+    *,
+    mini_batch_size: int,
+    epochs: int,
+    seed: int | None,
+) -> dict[str, float]:
+    """The policy update; returns `actor/*` metrics."""
+    reads = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs"]
+    validate(batch, reads=[*reads, "advantages"], phase="actor.update")
+    metrics = worker.update_actor(
+        batch,
+        loss_fn,
+        mini_batch_size=mini_batch_size,
+        epochs=epochs,
+        shuffle_seed=seed,
+        with_entropy=loss_fn.needs_entropy,
+    )
+    return {name if name.startswith("actor/") else f"actor/{name}": value for name, value in metrics.items()}
+
+
+def sync_weights(worker: PolicyWorker) -> dict[str, float]:
+    """Actor -> rollout engine, version + 1; the engine reports what it loaded."""
+    report = worker.sync_weights()
+    return {"rollout/weight_version": float(report.version)}
+
+
+def trajectory_records(
+    batch: DataProto, texts: Sequence[str], prompt_texts: Sequence[str], step: int
+) -> list[dict[str, Any]]:
+    """One JSON record per trajectory: where it came from, what it said, what it earned (DESIGN §4)."""
+    scores = batch["token_level_scores"].sum(-1)
+    mask = batch["response_mask"].bool()
+    advantages = [
+        float(row[m][0]) if m.any() else 0.0 for row, m in zip(batch["advantages"], mask, strict=True)
+    ]
+    return [
+        {
+            "step": step,
+            "source_split": batch["source_split"][i],
+            "source_row": int(batch["source_row"][i]),
+            "data_source": batch["data_source"][i],
+            "uid": batch["uid"][i],
+            "sample_index": int(batch["sample_index"][i]),
+            "prompt": prompt_texts[i],
+            "response": texts[i],
+            "response_tokens": int(mask[i].sum()),
+            "finish_reason": batch["finish_reason"][i],
+            "reward": float(scores[i]),
+            "advantage": advantages[i],
+            "weight_version": int(batch["weight_version"][i]),
+        }
+        for i in range(len(batch))
+    ]

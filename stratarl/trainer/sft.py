@@ -1,0 +1,93 @@
+"""Layer 2, control flow: supervised warm-start (SFT) on the same prompt datasets.
+
+Each example is a prompt (chat-templated, left-padded) followed by its reference response
+(`extra_info["answer"]`, verl's SFT convention) and EOS, right-padded: the same layout as an RL
+batch, so the same worker and engine train it. The loss is the token-mean negative log-likelihood
+of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from stratarl.algo.aggregation import aggregate_loss
+from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.data.collate import left_pad
+from stratarl.data.prompt_dataset import PromptDataset
+from stratarl.data.sampler import PromptSampler
+from stratarl.observe.run_log import RunLog
+from stratarl.transport.data_proto import DataProto
+
+
+def sft_loss(micro: DataProto, scores, totals) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean NLL over the mini-batch (micro-batch losses add up to it)."""
+    loss = aggregate_loss(
+        -scores.log_prob, micro["response_mask"], "token-mean", global_num_tokens=totals.num_tokens
+    )
+    return loss, {"sft/loss": loss.item()}
+
+
+sft_loss.needs_entropy = False  # type: ignore[attr-defined]
+
+
+def reference_response(item: Any) -> str:
+    answer = (item.extra_info or {}).get("answer")
+    if not isinstance(answer, str) or not answer:
+        raise ValueError(
+            f"{item.source_file} row {item.source_row}: SFT needs extra_info['answer'] (reference)"
+        )
+    return answer
+
+
+def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer: Any) -> DataProto:
+    """Prompt ++ reference response ++ EOS, in the batch-edge layout."""
+    items = [dataset[i] for i in indices]
+    eos = tokenizer.eos_token_id
+    targets = [[*tokenizer.encode(reference_response(it), add_special_tokens=False), eos] for it in items]
+    pad = tokenizer.pad_token_id
+    prompts = left_pad([it.prompt_ids for it in items], pad_token_id=pad)  # [B, P]
+    P, T = prompts.shape[1], max(len(t) for t in targets)
+    prompt_len = torch.tensor([len(it.prompt_ids) for it in items])
+    prompt_mask = (torch.arange(P)[None] >= (P - prompt_len)[:, None]).long()
+    responses = torch.full((len(items), T), pad, dtype=torch.long)
+    response_mask = torch.zeros((len(items), T), dtype=torch.long)
+    for i, target in enumerate(targets):
+        responses[i, : len(target)] = torch.tensor(target)
+        response_mask[i, : len(target)] = 1
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    return DataProto.from_dict(
+        {
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
+            "responses": responses,
+            "response_mask": response_mask,
+        }
+    )
+
+
+def run_sft(
+    worker: PolicyWorker,
+    dataset: PromptDataset,
+    tokenizer: Any,
+    *,
+    examples_per_step: int,
+    total_steps: int,
+    seed: int,
+    log: RunLog,
+    log_every: int = 10,
+) -> dict[str, float]:
+    """`total_steps` optimizer steps of SFT; the rollout engine is synced at the end."""
+    sampler = PromptSampler(len(dataset), batch_size=examples_per_step, seed=seed)
+    metrics: dict[str, float] = {}
+    for step in range(1, total_steps + 1):
+        batch = sft_batch(dataset, sampler.next_batch(), tokenizer)
+        metrics = worker.update_actor(batch, sft_loss, mini_batch_size=len(batch))
+        metrics = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in metrics.items()}
+        log.log_metrics(step, metrics, phase="sft")
+        if step % log_every == 0 or step == total_steps:
+            log.console.print(f"[bold]sft step {step}/{total_steps}[/bold]  loss={metrics['sft/loss']:.4f}")
+    worker.sync_weights()
+    return metrics

@@ -1,0 +1,92 @@
+"""Layer 2, control flow: validation — generate on held-out prompts, score, summarise per data source.
+
+Metric names follow verl: `val-core/<data_source>/<var>/<metric>` for the core variable (`acc` when
+the scorer reports it, else `reward`) at the largest k (mean@k, maj@k, best@k), everything else
+under `val-aux/`. Greedy decoding by default (`rollout.val_kwargs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from stratarl.algo.validation_stats import process_validation_metrics
+from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.data.prompt_dataset import PromptDataset
+from stratarl.rollout.interface import SamplingParams
+from stratarl.trainer import phases
+from stratarl.trainer.builders import prompts_batch
+
+CORE_METRIC_PREFIXES = ("mean@", "maj@", "best@", "pass@")
+
+
+def run_validation(
+    worker: PolicyWorker,
+    dataset: PromptDataset,
+    *,
+    tokenizer: Any,
+    compute_score: Callable[..., Any],
+    sampling: SamplingParams,
+    n: int,
+    step: int,
+    seed: int,
+    prompts_per_batch: int = 256,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """(metrics, one record per generation) over the whole validation set."""
+    sources: list[str] = []
+    uids: list[str] = []
+    infos: dict[str, list[Any]] = {"reward": [], "acc": []}
+    records: list[dict[str, Any]] = []
+    for start in range(0, len(dataset), prompts_per_batch):
+        indices = list(range(start, min(start + prompts_per_batch, len(dataset))))
+        batch = phases.expand_prompts(prompts_batch(dataset, indices, tokenizer.pad_token_id), n, step)
+        batch = batch.union(worker.generate(batch, sampling, seed=seed + start * n))
+        batch, result, texts = phases.reward(batch, tokenizer, compute_score)
+        scores = result.scores.tolist()
+        accs = result.extra.get("acc", [None] * len(scores))
+        sources += list(batch["data_source"])
+        uids += [f"{u}-{start}" for u in batch["uid"]]
+        infos["reward"] += scores
+        infos["acc"] += [float(s > 0) if a is None else float(a) for a, s in zip(accs, scores, strict=True)]
+        records += [
+            {"step": step, "source_row": int(r), "data_source": ds, "response": t, "reward": s, "acc": a}
+            for r, ds, t, s, a in zip(
+                batch["source_row"],
+                batch["data_source"],
+                texts,
+                scores,
+                infos["acc"][-len(scores) :],
+                strict=True,
+            )
+        ]
+    return flatten_validation_metrics(process_validation_metrics(sources, uids, infos), n), records
+
+
+def flatten_validation_metrics(nested: dict[str, dict[str, dict[str, float]]], n: int) -> dict[str, float]:
+    """{source: {var: {metric: v}}} -> verl's flat `val-core/...` and `val-aux/...` names."""
+    flat: dict[str, float] = {}
+    for source, by_variable in nested.items():
+        core_variable = "acc" if "acc" in by_variable else "reward"
+        for variable, metrics in by_variable.items():
+            for metric, value in metrics.items():
+                is_core = (
+                    variable == core_variable
+                    and metric.startswith(CORE_METRIC_PREFIXES)
+                    and f"@{n}" in metric
+                    and "std" not in metric
+                )
+                flat[f"{'val-core' if is_core else 'val-aux'}/{source}/{variable}/{metric}"] = value
+    return flat
+
+
+def accuracy_by_source(metrics: dict[str, float], n: int) -> dict[str, float]:
+    """{data_source: mean accuracy} read from flattened validation metrics."""
+    suffix = f"/acc/mean@{n}"
+    return {key.split("/")[1]: value for key, value in metrics.items() if key.endswith(suffix)}
+
+
+def overall_accuracy(metrics: dict[str, float], n: int) -> float:
+    values = list(accuracy_by_source(metrics, n).values())
+    return float(np.mean(values)) if values else float("nan")
