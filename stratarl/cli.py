@@ -19,7 +19,7 @@ def _default_run_dir(name: str) -> Path:
 def _quickstart(args: argparse.Namespace) -> int:
     from stratarl.trainer.quickstart import TaskSettings, run_quickstart
 
-    task = TaskSettings(model_size=args.model_size, sft_steps=args.sft_steps)
+    task = TaskSettings(model_size=args.model_size)
     run_quickstart(
         args.run_dir or _default_run_dir("quickstart"), seed=args.seed, overrides=args.overrides, task=task
     )
@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--run-dir", help="where everything is written (default runs/quickstart-<time>)")
     quick.add_argument("--seed", type=int, default=0)
     quick.add_argument("--model-size", default="1m", help="tiny model preset (1m, 5m, 10m, 50m)")
-    quick.add_argument("--sft-steps", type=int, default=60, help="optimizer steps of the SFT warm-start")
-    quick.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. rollout.n=8")
+    quick.add_argument(
+        "overrides", nargs="*", help="dotted config overrides, e.g. sft.total_steps=200 rollout.n=8"
+    )
     quick.set_defaults(handler=_quickstart)
 
     train = commands.add_parser(

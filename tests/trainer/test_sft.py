@@ -1,0 +1,40 @@
+"""SFT: examples are prompt ++ reference answer ++ EOS in the RL layout, and the NLL goes down."""
+
+import torch
+
+from stratarl.config import load_config
+from stratarl.observe.run_log import RunLog
+from stratarl.trainer import builders
+from stratarl.trainer.quickstart import RECIPE, sft_worker
+from stratarl.trainer.sft import run_sft, sft_batch
+
+
+def setup(task):
+    cfg = load_config(RECIPE, [f"data.train_files=['{task['train']}']", f"model.path={task['model']}"])
+    tokenizer = builders.load_tokenizer(cfg)
+    dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
+    return cfg, tokenizer, dataset
+
+
+def test_sft_batch_is_prompt_then_answer_then_eos(task):
+    _, tokenizer, dataset = setup(task)
+    batch = sft_batch(dataset, [0, 1, 2], tokenizer)
+    for i in range(3):
+        item = dataset[i]
+        n = int(batch["response_mask"][i].sum())
+        response = batch["responses"][i, :n].tolist()
+        assert response[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(response[:-1]) == item.extra_info["answer"]
+        prompt = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()[:-n]
+        assert prompt == list(item.prompt_ids)  # left padding removed, template applied once
+    assert torch.equal(batch["input_ids"][:, -batch["responses"].shape[1] :], batch["responses"])
+
+
+def test_sft_lowers_the_loss_and_syncs_the_rollout(task, tmp_path):
+    cfg, tokenizer, dataset = setup(task)
+    worker = sft_worker(cfg, tokenizer, total_steps=20)
+    log = RunLog(tmp_path)
+    run_sft(worker, dataset, tokenizer, examples_per_step=16, total_steps=20, seed=0, log=log)
+    losses = [r["sft/loss"] for r in log.history]
+    assert len(losses) == 20 and sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
+    assert worker.weight_version == 1  # the rollout engine now serves the SFT weights
