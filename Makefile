@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-slow lint format clean
+.PHONY: setup demo test test-slow test-parity lint format clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,13 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# Compares stratarl/algo with the real verl 0.9.1 (docs/algorithms/parity.md). --no-deps: verl's own
+# requirements would replace torch and transformers; its math imports need only these two extras.
+test-parity: $(STAMP)
+	$(PY) -c "from importlib.metadata import version as v; assert v('verl') == '0.9.1'; v('codetiming'); v('orjson')" \
+		2>/dev/null || $(PY) -m pip install -q --no-deps verl==0.9.1 codetiming==1.4.0 orjson==3.13.0
+	$(PY) -m pytest -q -m parity tests/parity
 
 lint: $(STAMP)
 	$(PY) -m ruff check stratarl tests benchmarks

@@ -7,7 +7,7 @@ Per data source, per prompt (uid) and per variable (`reward`, `acc`, ...), then 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -112,27 +112,37 @@ def process_validation_metrics(
     sample_uids: Sequence[Hashable],
     infos_dict: dict[str, Sequence[Any]],
     seed: int = DEFAULT_SEED,
+    expected_acc_counts: Mapping[tuple[str, Hashable], int] | None = None,
     *,
     n_bootstrap: int = DEFAULT_N_BOOTSTRAP,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """{data_source: {variable: {metric: value}}}: `prompt_metrics` per (source, uid, variable), then
-    the plain mean over the uids of each source. Variables whose first value is a str are skipped;
-    a variable named "pred" supplies the votes of maj@k.
+    the plain mean over the uids of each source. None values (sessions that produced no score) are
+    dropped; variables whose first remaining value is a str are skipped; a variable named "pred"
+    supplies the votes of maj@k when it has one non-None vote per value.
+
+    expected_acc_counts: {(source, uid): sessions started} (verl 0.9.1's v1 trainer passes it). For
+    sources that report `acc`, missing sessions count as acc = 0 and `acc_success_only` keeps the
+    statistics of the sessions that finished; a uid with no finished session gets acc = 0 only.
     """
     grouped: dict[str, dict[Hashable, dict[str, list[Any]]]] = {}
     for index, (source, uid) in enumerate(zip(data_sources, sample_uids, strict=True)):
         per_variable = grouped.setdefault(source, {}).setdefault(uid, {})
         for name, column in infos_dict.items():
             per_variable.setdefault(name, []).append(column[index])
+    if expected_acc_counts:
+        _count_missing_sessions_as_failures(grouped, expected_acc_counts)
 
     collected: dict[str, dict[str, dict[str, list[float]]]] = {}
     for source, by_uid in grouped.items():
         for per_variable in by_uid.values():
             preds = per_variable.get("pred")
-            for name, values in per_variable.items():
+            for name, raw_values in per_variable.items():
+                values = [value for value in raw_values if value is not None]
                 if not values or isinstance(values[0], str):
                     continue
-                metrics = prompt_metrics(values, preds, n_bootstrap=n_bootstrap, seed=seed)
+                votes = preds if _usable_votes(preds, len(values)) else None
+                metrics = prompt_metrics(values, votes, n_bootstrap=n_bootstrap, seed=seed)
                 for metric, value in metrics.items():
                     collected.setdefault(source, {}).setdefault(name, {}).setdefault(metric, []).append(value)
     return {
@@ -142,3 +152,28 @@ def process_validation_metrics(
         }
         for source, by_name in collected.items()
     }
+
+
+def _usable_votes(preds: list[Any] | None, num_values: int) -> bool:
+    """maj@k needs one vote per value and no missing vote (verl's rule)."""
+    return preds is not None and len(preds) == num_values and all(pred is not None for pred in preds)
+
+
+def _count_missing_sessions_as_failures(
+    grouped: dict[str, dict[Hashable, dict[str, list[Any]]]],
+    expected_counts: Mapping[tuple[str, Hashable], int],
+) -> None:
+    """In place: `acc` padded with 0.0 up to the expected count and `acc_success_only` = the observed
+    values, for the sources where some sample reports an `acc` (a reward-only source gains none)."""
+    sources_with_acc = {
+        source
+        for source, by_uid in grouped.items()
+        if any(value is not None for per_variable in by_uid.values() for value in per_variable.get("acc", []))
+    }
+    for (source, uid), expected in expected_counts.items():
+        if source not in sources_with_acc:
+            continue
+        per_variable = grouped[source].setdefault(uid, {})
+        observed = [value for value in per_variable.get("acc", []) if value is not None]
+        per_variable["acc_success_only"] = observed
+        per_variable["acc"] = observed + [0.0] * max(expected - len(observed), 0)

@@ -150,3 +150,32 @@ def test_order_within_a_prompt_changes_no_exact_statistic():
 def test_group_of_one_gives_only_the_mean():
     result = process_validation_metrics(["s"], ["u"], {"acc": [1.0]})
     assert result == {"s": {"acc": {"mean@1": 1.0}}}
+
+
+def test_none_values_are_dropped_and_votes_need_one_per_value():
+    # uid u: acc [1, None, 0] -> [1, 0]: mean@2 = 0.5, std@2 = 0.5. Three votes for two values: no maj@k.
+    result = process_validation_metrics(
+        ["s"] * 3, ["u"] * 3, {"acc": [1.0, None, 0.0], "pred": ["a", "b", "a"]}
+    )
+    acc = result["s"]["acc"]
+    assert acc["mean@2"] == 0.5 and acc["std@2"] == 0.5
+    assert not any(name.startswith("maj@") for name in acc)
+    # a missing vote also disables maj@k; every value None drops the variable
+    result = process_validation_metrics(
+        ["s"] * 2, ["u"] * 2, {"acc": [1.0, 0.0], "pred": ["a", None], "r": [None] * 2}
+    )
+    assert not any(name.startswith("maj@") for name in result["s"]["acc"]) and "r" not in result["s"]
+
+
+def test_expected_counts_turn_missing_sessions_into_failures():
+    # s: uid u finished 2 of 4 sessions (acc 1, 1) -> acc [1, 1, 0, 0]: mean@4 = 0.5; acc_success_only
+    # mean@2 = 1. uid v finished none of 2 -> acc [0, 0]: mean@2 = 0, and no acc_success_only.
+    # r reports no acc: its expected count changes nothing.
+    sources, uids = ["s", "s", "r"], ["u", "u", "w"]
+    infos = {"acc": [1.0, 1.0, None], "reward": [0.5, 0.7, 0.2]}
+    expected = {("s", "u"): 4, ("s", "v"): 2, ("r", "w"): 3}
+    result = process_validation_metrics(sources, uids, infos, expected_acc_counts=expected)
+    assert result["s"]["acc"]["mean@4"] == 0.5 and result["s"]["acc"]["mean@2"] == 0.0
+    assert result["s"]["acc_success_only"]["mean@2"] == 1.0
+    assert set(result["r"]) == {"reward"} and result["r"]["reward"] == {"mean@1": 0.2}
+    assert result["s"]["reward"]["mean@2"] == pytest.approx(0.6)
