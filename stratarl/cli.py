@@ -36,6 +36,16 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sft(args: argparse.Namespace) -> int:
+    from stratarl.config import load_config, validate_config
+    from stratarl.trainer.sft import sft_from_config
+
+    cfg = load_config(args.recipe, args.overrides)
+    validate_config(cfg)
+    sft_from_config(cfg, cfg.trainer.run_dir or _default_run_dir(f"sft-{cfg.trainer.experiment_name}"))
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from stratarl.data.tasks.arithmetic import run_from_args
 
@@ -77,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="dotted config overrides, e.g. algorithm.adv_estimator=grpo"
     )
     train.set_defaults(handler=_train)
+
+    sft = commands.add_parser(
+        "sft", help="supervised warm-start from a recipe: stratarl sft RECIPE [key=value ...]"
+    )
+    sft.add_argument("recipe", help="YAML recipe; uses data.*, model.*, sft.* and rollout.val_kwargs")
+    sft.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. sft.total_steps=200")
+    sft.set_defaults(handler=_sft)
 
     data = commands.add_parser("data", help="write synthetic tasks as verl-schema parquet")
     data_commands = data.add_subparsers(dest="data_command", required=True)

@@ -58,6 +58,10 @@ class RunLog:
                 f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
 
     @staticmethod
+    def read(path: str | Path) -> list[dict[str, Any]]:
+        return read_metrics(path)
+
+    @staticmethod
     def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:
         with Path(path).open("w") as f:
             for record in records:

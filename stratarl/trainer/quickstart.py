@@ -25,7 +25,7 @@ from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import RunLog
 from stratarl.trainer import builders
 from stratarl.trainer.rl_trainer import RLTrainer, seed_everything
-from stratarl.trainer.sft import run_sft
+from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.validation import overall_accuracy, run_validation
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
@@ -70,27 +70,6 @@ def evaluate(worker: PolicyWorker, cfg: RunConfig, tokenizer: Any, val_set, step
         seed=cfg.trainer.seed,
     )
     return overall_accuracy(metrics, cfg.rollout.val_kwargs.n)
-
-
-def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker:
-    s = cfg.sft
-    return PolicyWorker(
-        model_path=cfg.model.path,
-        eos_token_ids=builders.eos_token_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        dtype=cfg.model.dtype,
-        rollout_seed=cfg.trainer.seed,
-        actor_kwargs={
-            "lr": s.lr,
-            "micro_batch_size": s.trajectories_per_micro_batch,
-            "weight_decay": s.weight_decay,
-            "grad_clip": s.grad_clip,
-            "lr_schedule": s.lr_schedule,
-            "warmup_steps": s.warmup_steps,
-            "total_steps": total_steps,
-            "min_lr_ratio": s.min_lr_ratio,
-        },
-    )
 
 
 def run_quickstart(

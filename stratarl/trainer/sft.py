@@ -8,16 +8,20 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.config import RunConfig, save_resolved_config
 from stratarl.data.collate import left_pad
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.run_log import RunLog
+from stratarl.trainer import builders
+from stratarl.trainer.validation import overall_accuracy, run_validation
 from stratarl.transport.data_proto import DataProto
 
 
@@ -68,6 +72,27 @@ def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer: Any) -> Dat
     )
 
 
+def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker:
+    s = cfg.sft
+    return PolicyWorker(
+        model_path=cfg.model.path,
+        eos_token_ids=builders.eos_token_ids(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        dtype=cfg.model.dtype,
+        rollout_seed=cfg.trainer.seed,
+        actor_kwargs={
+            "lr": s.lr,
+            "micro_batch_size": s.trajectories_per_micro_batch,
+            "weight_decay": s.weight_decay,
+            "grad_clip": s.grad_clip,
+            "lr_schedule": s.lr_schedule,
+            "warmup_steps": s.warmup_steps,
+            "total_steps": total_steps,
+            "min_lr_ratio": s.min_lr_ratio,
+        },
+    )
+
+
 def run_sft(
     worker: PolicyWorker,
     dataset: PromptDataset,
@@ -91,3 +116,52 @@ def run_sft(
             log.console.print(f"[bold]sft step {step}/{total_steps}[/bold]  loss={metrics['sft/loss']:.4f}")
     worker.sync_weights()
     return metrics
+
+
+def sft_from_config(cfg: RunConfig, run_dir: str | Path) -> dict[str, float]:
+    """`stratarl sft`: SFT on data.train_files with the `sft` settings; greedy accuracy on
+    data.val_files before and after; the result saved HF-loadable in run_dir/final."""
+
+    run_dir = Path(run_dir)
+    log = RunLog(run_dir)
+    save_resolved_config(cfg, run_dir)
+    tokenizer = builders.load_tokenizer(cfg)
+    d = cfg.data
+    train_set = builders.load_prompts(
+        d.train_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None
+    )
+    steps = cfg.sft.total_steps or cfg.sft.total_epochs * max(
+        1, len(train_set) // cfg.sft.trajectories_per_step
+    )
+    worker = sft_worker(cfg, tokenizer, steps)
+
+    def accuracy(step: int) -> float:
+        if not d.val_files:
+            return float("nan")
+        val_set = builders.load_prompts(
+            d.val_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None
+        )
+        metrics, _ = run_validation(
+            worker,
+            val_set,
+            tokenizer=tokenizer,
+            compute_score=builders.build_compute_score(cfg),
+            sampling=builders.val_sampling(cfg),
+            n=cfg.rollout.val_kwargs.n,
+            step=step,
+            seed=cfg.trainer.seed,
+        )
+        log.log_metrics(step, metrics, phase="val")
+        return overall_accuracy(metrics, cfg.rollout.val_kwargs.n)
+
+    before = accuracy(0)
+    run_sft(
+        worker, train_set, tokenizer, examples_per_step=cfg.sft.trajectories_per_step, total_steps=steps,
+        seed=cfg.trainer.seed, log=log,
+    )  # fmt: skip
+    after = accuracy(steps)
+    worker.save_pretrained(run_dir / "final")
+    tokenizer.save_pretrained(run_dir / "final")
+    summary = {"accuracy_before": before, "accuracy_after": after, "steps": float(steps)}
+    log.print_table("sft summary", summary | {"weights": str(run_dir / "final")})
+    return summary

@@ -38,3 +38,24 @@ def test_sft_lowers_the_loss_and_syncs_the_rollout(task, tmp_path):
     losses = [r["sft/loss"] for r in log.history]
     assert len(losses) == 20 and sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
     assert worker.weight_version == 1  # the rollout engine now serves the SFT weights
+
+
+def test_sft_command_trains_evaluates_and_saves_a_loadable_model(task, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from stratarl.cli import main
+
+    run_dir = tmp_path / "sft"
+    overrides = [
+        f"data.train_files=['{task['train']}']",
+        f"data.val_files=['{task['test']}']",
+        f"model.path={task['model']}",
+        f"trainer.run_dir={run_dir}",
+        "sft.total_steps=3",
+        "sft.trajectories_per_step=8",
+        "sft.trajectories_per_micro_batch=8",
+    ]
+    assert main(["sft", str(RECIPE), *overrides]) == 0
+    AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    phases = [r["phase"] for r in RunLog.read(run_dir / "metrics.jsonl")]
+    assert phases.count("sft") == 3 and phases.count("val") == 2
