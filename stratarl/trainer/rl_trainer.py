@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
+from rich.progress import Progress, TimeElapsedColumn
 
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.groups import group_ids_from_uids
@@ -92,13 +93,17 @@ class RLTrainer:
         last_val: dict[str, float] = {}
         if self.cfg.trainer.val_before_train and self.val_set is not None:
             last_val = self.validate(step=0)
-        for step in range(1, self.total_steps + 1):
-            metrics = self.train_step(step)
-            self.log.log_metrics(step, metrics)
-            self.log.print_step(step, self.total_steps, metrics)
-            freq = self.cfg.trainer.test_freq
-            if self.val_set is not None and freq > 0 and (step % freq == 0 or step == self.total_steps):
-                last_val = self.validate(step)
+        columns = (*Progress.get_default_columns(), TimeElapsedColumn())
+        with Progress(*columns, console=self.log.console, transient=True) as progress:
+            bar = progress.add_task("training", total=self.total_steps)
+            for step in range(1, self.total_steps + 1):
+                metrics = self.train_step(step)
+                self.log.log_metrics(step, metrics)
+                self.log.print_step(step, self.total_steps, metrics)
+                progress.advance(bar)
+                freq = self.cfg.trainer.test_freq
+                if self.val_set is not None and freq > 0 and (step % freq == 0 or step == self.total_steps):
+                    last_val = self.validate(step)
         self.worker.save_pretrained(self.run_dir / "final")
         self.tokenizer.save_pretrained(self.run_dir / "final")
         plot_learning_curves(self.log.history, self.run_dir / "curves.png")
