@@ -12,13 +12,13 @@ whole batch on one rank. With dp_size=1 and no global count, the count of this b
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from stratarl.algo.masked import masked_mean, masked_sum
+from stratarl.algo.registry import look_up
 
 Count = int | float | Tensor
 LossAggregation = Callable[..., Tensor]
@@ -142,11 +142,7 @@ LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
 
 def get_loss_aggregation(name: str) -> LossAggregation:
     """The aggregation registered under `name`; ValueError naming the valid names otherwise."""
-    if name in LOSS_AGGREGATIONS:
-        return LOSS_AGGREGATIONS[name]
-    close = difflib.get_close_matches(name, LOSS_AGGREGATIONS, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown loss aggregation {name!r}; valid names: {sorted(LOSS_AGGREGATIONS)}.{hint}")
+    return look_up(LOSS_AGGREGATIONS, name, "loss aggregation")
 
 
 def aggregate_loss(

@@ -6,11 +6,12 @@ in-reward KL penalty (`kl_control.apply_kl_penalty`) and by the actor's KL loss.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from stratarl.algo.registry import look_up
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 
@@ -91,9 +92,7 @@ def get_kl_estimator(name: str) -> KLEstimator:
             "kl 'full' needs the full [N, T, V] distributions of both policies and is not implemented; "
             f"use one of the per-token estimators {sorted(KL_ESTIMATORS)}"
         )
-    close = difflib.get_close_matches(name, KL_ESTIMATORS, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown KL estimator {name!r}; valid names: {sorted(KL_ESTIMATORS)}.{hint}")
+    return look_up(KL_ESTIMATORS, name, "KL estimator")
 
 
 def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kind: str) -> Tensor:

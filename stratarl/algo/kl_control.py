@@ -7,7 +7,6 @@ Controllers are checkpointed through `state_dict()` / `load_state_dict()`.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ from torch import Tensor
 
 from stratarl.algo.kl import kl_penalty
 from stratarl.algo.masked import masked_mean
+from stratarl.algo.registry import look_up
 
 # Ziegler et al. clip the proportional error to ±0.2 so β changes by at most 20%·n_steps/horizon.
 ADAPTIVE_ERROR_CLIP = 0.2
@@ -81,9 +81,7 @@ def make_kl_controller(
         return FixedKLController(kl_coef=kl_coef)
     if kind == "adaptive":
         return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
-    close = difflib.get_close_matches(kind, KL_CONTROLLERS, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown KL controller {kind!r}; valid names: {sorted(KL_CONTROLLERS)}.{hint}")
+    return look_up(KL_CONTROLLERS, kind, "KL controller")
 
 
 def apply_kl_penalty(

@@ -17,8 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.config import RunConfig, load_config
+from stratarl.config import load_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
@@ -26,7 +25,7 @@ from stratarl.observe.run_log import RunLog
 from stratarl.trainer import builders
 from stratarl.trainer.rl_trainer import RLTrainer, seed_everything
 from stratarl.trainer.sft import run_sft, sft_worker
-from stratarl.trainer.validation import overall_accuracy, run_validation
+from stratarl.trainer.validation import evaluate_accuracy, overall_accuracy
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
 
@@ -56,20 +55,6 @@ def build_task(run_dir: Path, task: TaskSettings, seed: int) -> tuple[dict[str, 
     corpus = corpus_from_parquet([paths["train"]])
     model_dir = build_tiny_model(run_dir / "model", size=task.model_size, corpus_texts=corpus, seed=seed)
     return paths, model_dir
-
-
-def evaluate(worker: PolicyWorker, cfg: RunConfig, tokenizer: Any, val_set, step: int) -> float:
-    metrics, _ = run_validation(
-        worker,
-        val_set,
-        tokenizer=tokenizer,
-        compute_score=builders.build_compute_score(cfg),
-        sampling=builders.val_sampling(cfg),
-        n=cfg.rollout.val_kwargs.n,
-        step=step,
-        seed=cfg.trainer.seed,
-    )
-    return overall_accuracy(metrics, cfg.rollout.val_kwargs.n)
 
 
 def run_quickstart(
@@ -107,7 +92,7 @@ def run_quickstart(
     per_epoch = max(1, len(train_set) // cfg.sft.trajectories_per_step)
     sft_steps = cfg.sft.total_steps or cfg.sft.total_epochs * per_epoch
     worker = sft_worker(cfg, tokenizer, sft_steps)
-    accuracy_before_sft = evaluate(worker, cfg, tokenizer, val_set, step=0)
+    accuracy_before_sft, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=0)
     run_sft(
         worker,
         train_set,
@@ -117,7 +102,7 @@ def run_quickstart(
         seed=seed,
         log=RunLog(run_dir / "sft", console=console),
     )
-    accuracy_after_sft = evaluate(worker, cfg, tokenizer, val_set, step=sft_steps)
+    accuracy_after_sft, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=sft_steps)
     sft_dir = worker.save_pretrained(run_dir / "sft" / "final")
     tokenizer.save_pretrained(sft_dir)
     del worker

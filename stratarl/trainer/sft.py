@@ -21,7 +21,7 @@ from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.run_log import RunLog
 from stratarl.trainer import builders
-from stratarl.trainer.validation import overall_accuracy, run_validation
+from stratarl.trainer.validation import evaluate_accuracy
 from stratarl.transport.data_proto import DataProto
 
 
@@ -141,18 +141,9 @@ def sft_from_config(cfg: RunConfig, run_dir: str | Path) -> dict[str, float]:
         val_set = builders.load_prompts(
             d.val_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None
         )
-        metrics, _ = run_validation(
-            worker,
-            val_set,
-            tokenizer=tokenizer,
-            compute_score=builders.build_compute_score(cfg),
-            sampling=builders.val_sampling(cfg),
-            n=cfg.rollout.val_kwargs.n,
-            step=step,
-            seed=cfg.trainer.seed,
-        )
+        value, metrics = evaluate_accuracy(worker, cfg, tokenizer, val_set, step)
         log.log_metrics(step, metrics, phase="val")
-        return overall_accuracy(metrics, cfg.rollout.val_kwargs.n)
+        return value
 
     before = accuracy(0)
     run_sft(

@@ -14,9 +14,10 @@ import numpy as np
 
 from stratarl.algo.validation_stats import process_validation_metrics
 from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.rollout.interface import SamplingParams
-from stratarl.trainer import phases
+from stratarl.trainer import builders, phases
 from stratarl.trainer.builders import prompts_batch
 
 CORE_METRIC_PREFIXES = ("mean@", "maj@", "best@", "pass@")
@@ -62,6 +63,24 @@ def run_validation(
             )
         ]
     return flatten_validation_metrics(process_validation_metrics(sources, uids, infos), n), records
+
+
+def evaluate_accuracy(
+    worker: PolicyWorker, cfg: RunConfig, tokenizer: Any, dataset: PromptDataset, step: int
+) -> tuple[float, dict[str, float]]:
+    """(mean accuracy over data sources, all validation metrics) with the run's validation sampling."""
+    n = cfg.rollout.val_kwargs.n
+    metrics, _ = run_validation(
+        worker,
+        dataset,
+        tokenizer=tokenizer,
+        compute_score=builders.build_compute_score(cfg),
+        sampling=builders.val_sampling(cfg),
+        n=n,
+        step=step,
+        seed=cfg.trainer.seed,
+    )
+    return overall_accuracy(metrics, n), metrics
 
 
 def flatten_validation_metrics(nested: dict[str, dict[str, dict[str, float]]], n: int) -> dict[str, float]:

@@ -7,7 +7,6 @@ the trainer can check the batch and pass exactly those. Names are verl's `algori
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from stratarl.algo.advantages.optimal_token_baseline import (
     optimal_token_baseline_advantages,
     tir_optimal_token_baseline_advantages,
 )
+from stratarl.algo.registry import look_up
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
     """The registered estimator called `name`; ValueError naming the valid ones (and the closest)."""
-    if name in ADVANTAGE_ESTIMATORS:
-        return ADVANTAGE_ESTIMATORS[name]
-    close = difflib.get_close_matches(name, ADVANTAGE_ESTIMATORS, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}.{hint}")
+    return look_up(ADVANTAGE_ESTIMATORS, name, "advantage estimator")
 
 
 __all__ = [

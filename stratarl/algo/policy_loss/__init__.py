@@ -7,7 +7,6 @@ and `compute_policy_loss`, which composes a loss with its aggregation the way ve
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from stratarl.algo.policy_loss.output import PolicyLossOutput
 from stratarl.algo.policy_loss.ppo_clip import ppo_clip_loss
 from stratarl.algo.policy_loss.sequence_ratio import geo_mean_loss, gspo_loss
 from stratarl.algo.policy_loss.soft_gate import sapo_loss
+from stratarl.algo.registry import look_up
 
 _TENSOR_ARGUMENTS = ("log_prob", "old_log_prob", "advantages", "response_mask", "rollout_is_weights")
 
@@ -69,11 +69,7 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
 
 def get_policy_loss(name: str) -> PolicyLoss:
     """The loss registered under `name`; ValueError naming the valid names otherwise."""
-    if name in POLICY_LOSSES:
-        return POLICY_LOSSES[name]
-    close = difflib.get_close_matches(name, POLICY_LOSSES, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown policy loss {name!r}; valid names: {sorted(POLICY_LOSSES)}.{hint}")
+    return look_up(POLICY_LOSSES, name, "policy loss")
 
 
 def compute_policy_loss(
