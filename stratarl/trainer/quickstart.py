@@ -108,8 +108,11 @@ def run_quickstart(
     del worker
 
     console.rule("GRPO")
+    # GRPO starts from the SFT weights; its step-0 validation would repeat the SFT number: skip it.
     grpo_cfg = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, path=str(sft_dir), tokenizer_path="")
+        cfg,
+        model=dataclasses.replace(cfg.model, path=str(sft_dir), tokenizer_path=""),
+        trainer=dataclasses.replace(cfg.trainer, val_before_train=False),
     )
     trainer = RLTrainer(grpo_cfg, run_dir / "grpo", console=console)
     last_val = trainer.fit()
