@@ -28,6 +28,68 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: drop groups without learning signal, generate more until B prompts."""
+
+    enable: bool = setting(
+        False, "drop groups whose metric has zero variance", verl="algorithm.filter_groups.enable"
+    )
+    metric: str = setting(
+        "score",
+        "per-trajectory value whose variance is checked: score, or a key the scorer returns (e.g. acc)",
+        verl="algorithm.filter_groups.metric",
+    )
+    max_num_gen_batches: int = setting(
+        10,
+        "most generation rounds per step before training on what was kept; 0: no cap",
+        verl="algorithm.filter_groups.max_num_gen_batches",
+    )
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Correction for the rollout engine's policy differing from the trainer's (algo/rollout_correction)."""
+
+    rollout_is: str | None = setting(
+        None,
+        "importance weights π_train/π_rollout: token, sequence, or null (off)",
+        verl="algorithm.rollout_correction.rollout_is",
+        choices=("token", "sequence"),
+    )
+    rollout_is_threshold: float = setting(
+        2.0,
+        "upper truncation of the IS weights (TIS)",
+        verl="algorithm.rollout_correction.rollout_is_threshold",
+    )
+    rollout_is_batch_normalize: bool = setting(
+        False,
+        "rescale IS weights to mean 1 over the batch",
+        verl="algorithm.rollout_correction.rollout_is_batch_normalize",
+    )
+    rollout_rs: str | None = setting(
+        None,
+        "rejection-sampling options, comma-separated (e.g. seq_mean_k1,token_k3); null: off",
+        verl="algorithm.rollout_correction.rollout_rs",
+    )
+    rollout_rs_threshold: str | None = setting(
+        None,
+        "thresholds of rollout_rs, one per option or one for all (k1 options: lower_upper)",
+        verl="algorithm.rollout_correction.rollout_rs_threshold",
+    )
+    bypass_mode: bool = setting(
+        False,
+        "old log-probs are the rollout's (no recompute forward; 2 policies instead of 3)",
+        verl="algorithm.rollout_correction.bypass_mode",
+    )
+    loss_type: str = setting(
+        "ppo_clip",
+        "bypass mode's loss: ppo_clip (ratio against π_rollout) or reinforce (−w·A·log π)",
+        verl="algorithm.rollout_correction.loss_type",
+        choices=("ppo_clip", "reinforce"),
+    )
+
+
+@dataclass
 class AlgorithmConfig:
     """The advantage estimator and the reward shaping before it."""
 
@@ -48,3 +110,15 @@ class AlgorithmConfig:
     )
     kl_penalty: str = setting("kl", "KL estimator of the in-reward penalty", verl="algorithm.kl_penalty")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "the in-reward KL weight β")
+    gdpo_reward_keys: list[str] = setting(
+        [],
+        "gdpo: reward components (keys the scorer returns), each normalised in its group",
+        verl="algorithm.gdpo_reward_keys",
+    )
+    gdpo_reward_weights: list[float] = setting(
+        [], "gdpo: weight of each component; empty: equal weights", verl="algorithm.gdpo_reward_weights"
+    )
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO dynamic sampling")
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig, "importance weights and rejection for rollout/trainer mismatch"
+    )

@@ -40,6 +40,7 @@ class TrainerConfig:
     val_before_train: bool = setting(
         True, "validate once before the first step", verl="trainer.val_before_train"
     )
+    val_only: bool = setting(False, "validate once and stop (no training)", verl="trainer.val_only")
     seed: int = setting(0, "seed of everything random (sampling, init, shuffling)")
     output_root: str = setting("runs", "folder under which run directories are created")
     run_dir: str = setting(

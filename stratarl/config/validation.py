@@ -138,7 +138,7 @@ def _name_problems(cfg: RunConfig) -> list[ConfigProblem]:
             continue
         value = get_by_key(cfg, key)
         for item in value if isinstance(value, list) else [value]:
-            if item not in info.choices:
+            if item is not None and item not in info.choices:  # None: an optional setting left off
                 problems.append(
                     ConfigProblem((key,), _unknown_name("value", item, info.choices, noun="values"))
                 )

@@ -18,6 +18,7 @@ from torch import Tensor
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.kl import kl_penalty
 from stratarl.algo.policy_loss import compute_policy_loss, get_policy_loss
+from stratarl.algo.rollout_correction import rollout_correction
 from stratarl.transport.data_proto import DataProto
 
 
@@ -31,6 +32,10 @@ class ActorLoss:
     entropy_coeff: float = 0.0
     kl_loss_coef: float = 0.0  # 0 = no KL term in the loss
     kl_loss_type: str = "low_var_kl"
+    # Bypass mode (old_log_probs are the rollout's): the settings of `rollout_correction`, applied to
+    # the *current* π_θ against π_rollout in every micro-batch; None outside bypass mode. The loss is
+    # then `vanilla` (no IS weights: the ratio already is π_θ/π_rollout) or `reinforce` (−w·A·log π).
+    bypass_correction: dict[str, Any] | None = None
 
     @classmethod
     def from_settings(cls, policy_loss: str, settings: dict[str, Any], **kwargs: Any) -> ActorLoss:
@@ -55,14 +60,22 @@ class ActorLoss:
             "global_num_tokens": totals.num_tokens,
             "global_batch_size": totals.num_sequences,
         }
+        weights = micro["rollout_is_weights"] if "rollout_is_weights" in micro.columns else None
+        loss_mask, corr_metrics = mask, {}
+        if self.bypass_correction is not None:
+            # verl's bypass_mode loss: correction of π_θ (no grad) vs π_rollout, then a plain loss.
+            weights, loss_mask, corr_metrics = rollout_correction(
+                scores.log_prob.detach(), micro["old_log_probs"], mask, **self.bypass_correction
+            )
+            weights = weights if self.policy_loss == "reinforce" else None
         pg_loss, pg_metrics = compute_policy_loss(
             self.policy_loss,
             log_prob=scores.log_prob,
             old_log_prob=micro["old_log_probs"],
             advantages=micro["advantages"],
-            response_mask=mask,
+            response_mask=loss_mask,
             loss_agg_mode=self.loss_agg_mode,
-            rollout_is_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro.columns else None,
+            rollout_is_weights=weights,
             **normalizers,
             **self.hyperparameters,
         )
@@ -72,7 +85,8 @@ class ActorLoss:
 
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.item()}
-        metrics |= {f"actor/{name}": float(value) * share for name, value in pg_metrics.items()}
+        metrics |= {f"actor/{key}": float(value) * share for key, value in pg_metrics.items()}
+        metrics |= {key: float(value) * share for key, value in corr_metrics.items()}
         if scores.entropy is not None:
             entropy = agg(scores.entropy)
             metrics["actor/entropy"] = entropy.item()

@@ -73,12 +73,28 @@ def build_policy_worker(
     )
 
 
+def rollout_correction_settings(cfg: RunConfig) -> dict[str, Any]:
+    """Keyword arguments of `algo.rollout_correction.rollout_correction` from algorithm.rollout_correction."""
+    rc = cfg.algorithm.rollout_correction
+    return {
+        "rollout_is": rc.rollout_is,
+        "rollout_is_threshold": rc.rollout_is_threshold,
+        "rollout_is_batch_normalize": rc.rollout_is_batch_normalize,
+        "rollout_rs": rc.rollout_rs,
+        "rollout_rs_threshold": rc.rollout_rs_threshold,
+    }
+
+
 def build_actor_loss(cfg: RunConfig) -> ActorLoss:
     settings = asdict(cfg.actor.policy_loss)
     name = settings.pop("name")
+    bypass = cfg.algorithm.rollout_correction.bypass_mode
+    if bypass:  # verl forces the loss: PPO clip against π_rollout, or REINFORCE with IS weights
+        name = "reinforce" if cfg.algorithm.rollout_correction.loss_type == "reinforce" else "vanilla"
     return ActorLoss.from_settings(
         name,
         settings,
+        bypass_correction=rollout_correction_settings(cfg) if bypass else None,
         loss_agg_mode=cfg.actor.loss_agg_mode,
         entropy_coeff=cfg.actor.entropy_coeff,
         kl_loss_coef=cfg.actor.kl_loss_coef if cfg.actor.use_kl_loss else 0.0,
@@ -113,4 +129,9 @@ def build_compute_score(cfg: RunConfig):
 
 def advantage_hyperparameters(cfg: RunConfig) -> dict[str, Any]:
     a = cfg.algorithm
-    return {"gamma": a.gamma, "lam": a.lam, "norm_adv_by_std": a.norm_adv_by_std}
+    return {
+        "gamma": a.gamma,
+        "lam": a.lam,
+        "norm_adv_by_std": a.norm_adv_by_std,
+        "weights": list(a.gdpo_reward_weights) or None,  # gdpo only; None keeps equal weights
+    }

@@ -29,9 +29,9 @@ ESTIMATOR_ARGUMENT_FIELDS = {"old_log_prob": "old_log_probs"}
 ROLLOUT_FIELDS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
 
 
-def expand_prompts(prompts: DataProto, n: int, step: int) -> DataProto:
+def expand_prompts(prompts: DataProto, n: int, uid_prefix: int | str) -> DataProto:
     """B prompts -> N = B·n sessions: `uid` shared by a prompt's n samples, `sample_index` 0..n-1."""
-    uids = np.array([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
+    uids = np.array([f"{uid_prefix}-{i}" for i in range(len(prompts))], dtype=object)
     with_uid = prompts.union(DataProto.from_dict(non_tensors={"uid": uids}))
     expanded = with_uid.repeat(n, interleave=True)
     sample_index = torch.arange(len(expanded), dtype=torch.int64) % n
@@ -71,9 +71,22 @@ def reward(
         compute_score=compute_score,
     )
     scores = place_on_last_token(result.scores, batch["response_mask"])  # [N, T]
-    batch = batch.union(DataProto.from_dict({"token_level_scores": scores}))
+    batch = batch.union(
+        DataProto.from_dict({"token_level_scores": scores, **reward_extra_columns(result, batch)})
+    )
     validate(batch, writes=["token_level_scores"], phase="reward")
     return batch, result, texts
+
+
+def reward_extra_columns(result: RewardResult, batch: DataProto) -> dict[str, torch.Tensor]:
+    """The scorer's numeric extra keys (e.g. `acc`) as [N] float columns, for dynamic sampling's metric
+    and GDPO's components; a key that would shadow an existing column is skipped."""
+    columns = {}
+    for key, values in result.extra.items():
+        if key in batch or any(not isinstance(v, int | float) for v in values):
+            continue
+        columns[key] = torch.tensor([float(v) for v in values], dtype=torch.float32)
+    return columns
 
 
 def old_log_prob(worker: PolicyWorker, batch: DataProto) -> DataProto:
@@ -99,6 +112,7 @@ def advantage(
     estimator: str,
     hyperparameters: dict[str, Any],
     kl_in_reward: tuple[float, str] | None = None,
+    component_keys: Sequence[str] = (),
 ) -> tuple[DataProto, dict[str, float]]:
     """token_level_rewards (scores, minus β·KL when KL is in the reward), then advantages/returns."""
     validate(batch, reads=["token_level_scores", "response_mask", "uid"], phase="advantage")
@@ -112,11 +126,14 @@ def advantage(
         metrics |= {f"actor/{name}": float(value) for name, value in kl_metrics.items()}
     entry = get_advantage_estimator(estimator)
     fields = {"token_level_rewards": rewards, "group": group_ids_from_uids(batch["uid"])}
+    if "component_scores" in entry.inputs:  # GDPO: the reward components the scorer returned
+        keys = list(component_keys) or []
+        fields["component_scores"] = {k: batch[k] for k in keys} if keys else [rewards.sum(-1)]
     for name in (entry.inputs | entry.optional_inputs) - fields.keys():
         column = ESTIMATOR_ARGUMENT_FIELDS.get(name, name)
         if column in batch:
             fields[name] = batch[column]
-    accepted = {k: v for k, v in hyperparameters.items() if k in entry.hyperparameters}
+    accepted = {k: v for k, v in hyperparameters.items() if k in entry.hyperparameters and v is not None}
     advantages, returns = entry(fields, **accepted)
     mask = batch["response_mask"].to(advantages.dtype)
     batch = batch.union(

@@ -28,8 +28,9 @@ from stratarl.observe.data_metrics import data_metrics, group_signal_share, thro
 from stratarl.observe.plots import plot_learning_curves
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.timing import timed, timing_metrics
-from stratarl.trainer import builders, phases
+from stratarl.trainer import builders, phases, sampling_phases
 from stratarl.trainer.validation import run_validation
+from stratarl.transport.data_proto import DataProto
 
 LOW_SIGNAL_SHARE = 0.1  # warn when fewer groups than this carry any reward variance
 
@@ -38,6 +39,19 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def sum_reward_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Reward metrics of several generation rounds: failure counts add up, means are averaged."""
+    keys = {key for part in parts for key in part}
+    return {
+        key: (sum if key.startswith("reward/failures/") else _mean)([p[key] for p in parts if key in p])
+        for key in keys
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 class RLTrainer:
@@ -91,8 +105,10 @@ class RLTrainer:
         self.log.console.print(self.plan.render())
         save_resolved_config(self.cfg, self.run_dir)
         last_val: dict[str, float] = {}
-        if self.cfg.trainer.val_before_train and self.val_set is not None:
+        if (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_set is not None:
             last_val = self.validate(step=0)
+        if self.cfg.trainer.val_only:
+            return last_val
         columns = (*Progress.get_default_columns(), TimeElapsedColumn())
         with Progress(*columns, console=self.log.console, transient=True) as progress:
             bar = progress.add_task("training", total=self.total_steps)
@@ -112,45 +128,104 @@ class RLTrainer:
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timings = self.cfg, {}
         with timed("step", timings):
-            indices = self.sampler.next_batch()
-            prompts = builders.prompts_batch(self.train_set, indices, self.tokenizer.pad_token_id)
-            batch = phases.expand_prompts(prompts, cfg.rollout.n, step)
-            with timed("gen", timings):
-                batch = phases.generate(self.worker, batch, self.sampling, seed=self._seed(step))
-            with timed("reward", timings):
-                batch, reward_result, texts = phases.reward(batch, self.tokenizer, self.compute_score)
-            with timed("old_log_prob", timings):
-                batch = phases.old_log_prob(self.worker, batch)
-            if cfg.uses_reference:
-                with timed("ref", timings):
-                    batch = phases.ref_log_prob(self.worker, batch)
-            with timed("adv", timings):
-                batch, adv_metrics = phases.advantage(
-                    batch,
-                    estimator=cfg.algorithm.adv_estimator,
-                    hyperparameters=builders.advantage_hyperparameters(cfg),
-                    kl_in_reward=(self.kl_ctrl.value, cfg.algorithm.kl_penalty) if self.kl_ctrl else None,
-                )
+            batch, collect_metrics = self._collect(step, timings)
+            batch, prepare_metrics = self._prepare(batch, timings)
             with timed("update_actor", timings):
                 actor_metrics = phases.update_actor(
                     self.worker,
                     batch,
                     self.loss_fn,
-                    mini_batch_size=cfg.actor.prompts_per_mini_batch * cfg.rollout.n,
+                    mini_batch_size=min(cfg.actor.prompts_per_mini_batch * cfg.rollout.n, len(batch)),
                     epochs=cfg.actor.ppo_epochs,
                     seed=self._seed(step) if cfg.actor.shuffle else None,
                 )
             with timed("update_weights", timings):
                 sync_metrics = phases.sync_weights(self.worker)
         if self.kl_ctrl is not None:
-            self.kl_ctrl.update(adv_metrics.get("actor/reward_kl_penalty", 0.0), n_steps=len(indices))
+            current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
+            self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
         metrics = self._step_metrics(
-            batch, timings, reward_result.metrics(), adv_metrics, actor_metrics, sync_metrics
+            batch, timings, collect_metrics, prepare_metrics, actor_metrics, sync_metrics
         )
         if cfg.trainer.save_trajectories:
+            texts = phases.decode_responses(self.tokenizer, batch)
             prompt_texts = [self.tokenizer.decode(ids) for ids in batch["raw_prompt_ids"]]
             self.log.log_trajectories(phases.trajectory_records(batch, texts, prompt_texts, step))
         return metrics
+
+    def _collect(self, step: int, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
+        """Rollout and reward for B prompts × n; with DAPO's dynamic sampling, rounds of them until B
+        prompts whose groups carry signal are kept (or the round cap is hit)."""
+        cfg, n = self.cfg, self.cfg.rollout.n
+        filtering = cfg.algorithm.filter_groups
+        target, kept, reward_parts, dropped, rounds = cfg.data.prompts_per_step * n, [], [], 0, 0
+        while True:
+            rounds += 1
+            prompts = builders.prompts_batch(
+                self.train_set, self.sampler.next_batch(), self.tokenizer.pad_token_id
+            )
+            batch = phases.expand_prompts(prompts, n, f"{step}.{rounds}")
+            with timed("gen", timings):
+                batch = phases.generate(
+                    self.worker, batch, self.sampling, seed=self._seed(step) + 7919 * rounds
+                )
+            if cfg.algorithm.adv_estimator == "remax":
+                with timed("gen_max", timings):
+                    batch = sampling_phases.greedy_baselines(
+                        self.worker, batch, n, self.sampling, self._score
+                    )
+            with timed("reward", timings):
+                batch, result, _ = phases.reward(batch, self.tokenizer, self.compute_score)
+            reward_parts.append(result.metrics())
+            if filtering.enable:
+                batch, n_dropped = sampling_phases.keep_groups_with_signal(batch, filtering.metric)
+                dropped += n_dropped
+            kept.append(batch)
+            have = sum(len(b) for b in kept)
+            cap_hit = filtering.max_num_gen_batches > 0 and rounds >= filtering.max_num_gen_batches
+            if not filtering.enable or have >= target or cap_hit:
+                break
+        batch = DataProto.concat([b for b in kept if len(b)]) if have else kept[0]
+        mini = cfg.actor.prompts_per_mini_batch * n
+        usable = target if have >= target else (have // mini) * mini or (have // n) * n
+        if usable == 0:
+            raise RuntimeError(
+                f"step {step}: dynamic sampling kept no group with reward variance in {rounds} rounds "
+                f"(algorithm.filter_groups.max_num_gen_batches={filtering.max_num_gen_batches}); the "
+                "reward gives no learning signal on this data — check the scorer, or disable filtering"
+            )
+        metrics = sum_reward_metrics(reward_parts)
+        metrics |= {"batch/gen_rounds": float(rounds), "batch/dropped_groups": float(dropped)}
+        return batch.take(torch.arange(usable)), metrics
+
+    def _score(self, batch: DataProto) -> DataProto:
+        return phases.reward(batch, self.tokenizer, self.compute_score)[0]
+
+    def _prepare(self, batch: DataProto, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
+        """Old and reference log-probs, rollout correction, then advantages."""
+        cfg, metrics = self.cfg, {}
+        correction = cfg.algorithm.rollout_correction
+        if correction.bypass_mode:
+            batch = sampling_phases.use_rollout_log_probs(batch)
+        else:
+            with timed("old_log_prob", timings):
+                batch = phases.old_log_prob(self.worker, batch)
+        if cfg.uses_reference:
+            with timed("ref", timings):
+                batch = phases.ref_log_prob(self.worker, batch)
+        with timed("adv", timings):
+            if not correction.bypass_mode and (correction.rollout_is or correction.rollout_rs):
+                batch, metrics = sampling_phases.apply_decoupled_correction(
+                    batch, builders.rollout_correction_settings(cfg)
+                )
+            batch, adv_metrics = phases.advantage(
+                batch,
+                estimator=cfg.algorithm.adv_estimator,
+                hyperparameters=builders.advantage_hyperparameters(cfg),
+                kl_in_reward=(self.kl_ctrl.value, cfg.algorithm.kl_penalty) if self.kl_ctrl else None,
+                component_keys=cfg.algorithm.gdpo_reward_keys,
+            )
+        return batch, metrics | adv_metrics
 
     def _step_metrics(self, batch, timings, *parts: dict[str, float]) -> dict[str, float]:
         mask = batch["response_mask"]
@@ -158,9 +233,10 @@ class RLTrainer:
         for part in parts:
             metrics |= part
         metrics |= data_metrics(batch)
-        metrics["actor/entropy"] = aggregate_loss(
-            batch["entropys"], mask, self.cfg.actor.loss_agg_mode
-        ).item()
+        if "entropys" in batch:  # bypass mode runs no actor forward before the update
+            metrics["actor/entropy"] = aggregate_loss(
+                batch["entropys"], mask, self.cfg.actor.loss_agg_mode
+            ).item()
         share = group_signal_share(batch["token_level_scores"].sum(-1), group_ids_from_uids(batch["uid"]))
         metrics["batch/groups_with_signal"] = share
         if share < LOW_SIGNAL_SHARE:

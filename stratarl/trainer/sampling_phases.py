@@ -1,0 +1,80 @@
+"""Layer 2, control flow: phases that decide *which* trajectories a step trains on.
+
+DAPO's dynamic sampling (drop groups without learning signal, keep generating), ReMax's greedy
+baseline rollout, and rollout correction in decoupled and bypass modes (verl's
+`compute_rollout_correction_and_add_to_batch` / `apply_bypass_mode`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from stratarl.algo.groups import group_ids_from_uids
+from stratarl.algo.rollout_correction import rollout_correction
+from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.rollout.interface import SamplingParams
+from stratarl.transport.data_proto import DataProto
+from stratarl.transport.field_checks import validate
+
+
+def trajectory_metric(batch: DataProto, metric: str) -> torch.Tensor:
+    """[N] the per-trajectory value named `metric`: `score` (Σ token_level_scores) or a column the
+    reward phase wrote from the scorer's extra keys (e.g. `acc`)."""
+    if metric == "score":
+        return batch["token_level_scores"].sum(-1)
+    if metric not in batch:
+        raise KeyError(
+            f"algorithm.filter_groups.metric={metric!r} is neither 'score' nor a reward key in the batch"
+        )
+    return torch.as_tensor(np.asarray(batch[metric], dtype=np.float64))
+
+
+def keep_groups_with_signal(batch: DataProto, metric: str) -> tuple[DataProto, int]:
+    """(the rows of groups whose `metric` varies, number of groups dropped). A group whose n samples
+    all score the same gets zero group-relative advantage: it costs compute and teaches nothing."""
+    values = trajectory_metric(batch, metric)
+    group = group_ids_from_uids(batch["uid"])
+    n_groups = int(group.max()) + 1
+    lo = torch.full((n_groups,), float("inf"), dtype=values.dtype).scatter_reduce(0, group, values, "amin")
+    hi = torch.full((n_groups,), float("-inf"), dtype=values.dtype).scatter_reduce(0, group, values, "amax")
+    keep_group = hi > lo  # [G]
+    rows = torch.nonzero(keep_group[group]).squeeze(-1)
+    return batch.take(rows), int((~keep_group).sum())
+
+
+def greedy_baselines(
+    worker: PolicyWorker, batch: DataProto, n: int, sampling: SamplingParams, score_fn: Any
+) -> DataProto:
+    """ReMax: one greedy response per prompt, scored; its score is the baseline b of all n samples."""
+    first_of_group = batch.take(torch.arange(0, len(batch), n))
+    greedy = first_of_group.union(worker.generate(first_of_group, SamplingParams(
+        temperature=0.0, max_tokens=sampling.max_tokens, stop_token_ids=sampling.stop_token_ids,
+    )))  # fmt: skip
+    scored = score_fn(greedy)
+    baselines = scored["token_level_scores"].sum(-1).repeat_interleave(n)  # [N]
+    return batch.union(DataProto.from_dict({"reward_baselines": baselines}))
+
+
+def apply_decoupled_correction(
+    batch: DataProto, settings: dict[str, Any]
+) -> tuple[DataProto, dict[str, float]]:
+    """Three policies: IS weights π_old/π_rollout (when `rollout_is`) and a rejection mask (when
+    `rollout_rs`) replacing `response_mask`, before advantages are computed."""
+    validate(batch, reads=["old_log_probs", "rollout_log_probs", "response_mask"], phase="advantage")
+    weights, mask, metrics = rollout_correction(
+        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], **settings
+    )
+    columns = {"response_mask": mask.to(batch["response_mask"].dtype)}
+    if weights is not None:
+        columns["rollout_is_weights"] = weights
+    updated = batch.select([c for c in batch.columns if c not in columns]).union(DataProto.from_dict(columns))
+    return updated, metrics
+
+
+def use_rollout_log_probs(batch: DataProto) -> DataProto:
+    """Bypass mode (two policies): π_old := π_rollout, no recompute forward."""
+    validate(batch, reads=["rollout_log_probs"], phase="actor.log_prob")
+    return batch.union(DataProto.from_dict({"old_log_probs": batch["rollout_log_probs"].clone()}))
