@@ -184,6 +184,19 @@ def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
             "set rollout.n ≥ 2, or use a non-group estimator such as reinforce_plus_plus",
         ),
         (
+            bool(cfg.algorithm.rollout_correction.rollout_rs)
+            and cfg.algorithm.rollout_correction.rollout_rs_threshold is None,
+            ("algorithm.rollout_correction.rollout_rs", "algorithm.rollout_correction.rollout_rs_threshold"),
+            "rejection sampling (rollout_rs) needs rollout_rs_threshold: one value per option or one for "
+            "all; k1 options take 'lower_upper' ratio bounds such as 0.5_2.0",
+        ),
+        (
+            cfg.algorithm.adv_estimator == "gdpo" and not cfg.algorithm.gdpo_reward_keys,
+            ("algorithm.adv_estimator", "algorithm.gdpo_reward_keys"),
+            "gdpo normalises reward components separately: list them in algorithm.gdpo_reward_keys "
+            "(keys the scorer returns, e.g. [acc, format_ok])",
+        ),
+        (
             loss.name == "dro" and (loss.dro_beta is None or loss.dro_beta <= 0),
             ("actor.policy_loss.name", "actor.policy_loss.dro_beta"),
             f"policy loss 'dro' needs actor.policy_loss.dro_beta > 0, got {loss.dro_beta}",

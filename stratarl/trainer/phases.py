@@ -165,7 +165,9 @@ def update_actor(
         shuffle_seed=seed,
         with_entropy=loss_fn.needs_entropy,
     )
-    return {name if name.startswith("actor/") else f"actor/{name}": value for name, value in metrics.items()}
+    # Engine metrics (grad_norm, lr) get verl's `actor/` prefix; the loss's own metrics are already
+    # named (`actor/pg_loss`, `rollout_corr/...`).
+    return {name if "/" in name else f"actor/{name}": value for name, value in metrics.items()}
 
 
 def sync_weights(worker: PolicyWorker) -> dict[str, float]:

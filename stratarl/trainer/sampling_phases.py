@@ -50,6 +50,8 @@ def greedy_baselines(
 ) -> DataProto:
     """ReMax: one greedy response per prompt, scored; its score is the baseline b of all n samples."""
     first_of_group = batch.take(torch.arange(0, len(batch), n))
+    prompt_columns = [c for c in first_of_group.non_tensor_keys if c != "finish_reason"]
+    first_of_group = first_of_group.select(prompt_columns)  # the prompt, without the sampled response
     greedy = first_of_group.union(worker.generate(first_of_group, SamplingParams(
         temperature=0.0, max_tokens=sampling.max_tokens, stop_token_ids=sampling.stop_token_ids,
     )))  # fmt: skip
