@@ -3,19 +3,44 @@
 Every scorer has verl's signature `compute_score(data_source, solution_str, ground_truth,
 extra_info=None) -> float | dict` (a dict carries `score` plus extra keys that become metrics).
 The registry is a plain dict; add an entry to teach the default dispatcher a new data source.
+Heavy scorers (math-verify imports sympy, ~2 s) are imported on first use, through `LazyScorer`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stratarl.reward import arithmetic
+from stratarl.reward import arithmetic, gsm8k, tool_arithmetic
 
 ScoreFn = Callable[..., "float | dict[str, Any]"]
 
+
+class LazyScorer:
+    """`module:function`, imported on the first call; picklable by name for worker processes."""
+
+    def __init__(self, module: str, function: str = "compute_score") -> None:
+        self.module, self.function = module, function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> float | dict[str, Any]:
+        return getattr(importlib.import_module(self.module), self.function)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"LazyScorer({self.module}:{self.function})"
+
+
+_MATH = LazyScorer("stratarl.reward.math_answer")
+_CODE = LazyScorer("stratarl.reward.code_exec")
+_MATH_SOURCES = ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+_CODE_SOURCES = ("code", "codecontests", "apps", "taco", "codeforces")
+
 SCORERS: dict[str, ScoreFn] = {
     arithmetic.DATA_SOURCE: arithmetic.compute_score,
+    tool_arithmetic.DATA_SOURCE: tool_arithmetic.compute_score,
+    **{source: gsm8k.compute_score for source in gsm8k.DATA_SOURCES},
+    **{source: _MATH for source in _MATH_SOURCES},
+    **{source: _CODE for source in _CODE_SOURCES},
 }
 
 

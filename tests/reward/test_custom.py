@@ -45,3 +45,28 @@ def test_missing_or_broken_file(tmp_path):
     broken.write_text("def f(:\n")
     with pytest.raises(ImportError, match=r"broken\.py"):
         load_custom_scorer(broken, "f")
+
+
+def test_a_loaded_scorer_pickles_as_its_path_and_reloads(reward_file):
+    import pickle
+
+    fn = load_custom_scorer(reward_file, "length_score", scale=2.0)
+    clone = pickle.loads(pickle.dumps(fn))
+    assert clone("d", "abc", None) == {"score": 6.0, "source": "d"}
+    assert clone.path == reward_file.resolve() and "my_reward.py:length_score" in repr(clone)
+
+
+def test_async_scorer_in_process_also_inside_a_running_event_loop(tmp_path):
+    import asyncio
+
+    path = tmp_path / "async_reward.py"
+    path.write_text(
+        "async def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.75\n"
+    )
+    fn = load_custom_scorer(path, "score")
+    assert score_batch(["d"], ["x"], [None], compute_score=fn).scores.tolist() == [0.75]
+
+    async def inside_a_loop():
+        return score_batch(["d"], ["x"], [None], compute_score=fn).scores.tolist()
+
+    assert asyncio.run(inside_a_loop()) == [0.75]

@@ -1,0 +1,109 @@
+"""Layer 5, rewards: one call of a scoring function, made safe: an outcome, never an exception.
+
+Shared by the in-process `score_batch` and the worker processes of `process_pool` (this module
+imports neither torch nor numpy, so a worker starts fast). A scorer that raises, or returns
+something that is not a finite number (or a dict with one under `score`), gives score 0 and a
+reason: the exception's class name, `bad_return` or `non_finite`. Only a setup error — no scorer
+for the data source — is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any
+
+from stratarl.reward.registry import UnknownDataSourceError
+
+
+@dataclass
+class ScoreOutcome:
+    """score (0 on failure), the scorer's extra dict entries, a failure reason or None, a message."""
+
+    score: float
+    extras: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None
+    message: str = ""
+
+
+def call_scorer(
+    compute_score: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any, extra_info: Any
+) -> ScoreOutcome:
+    """Call `compute_score(data_source, solution_str, ground_truth, extra_info)` (sync or async)."""
+    try:
+        result = compute_score(data_source, solution_str, ground_truth, extra_info)
+        if inspect.isawaitable(result):  # an `async def` scorer (verl accepts those too)
+            result = run_awaitable(result)
+    except UnknownDataSourceError:
+        raise
+    except Exception as err:
+        return ScoreOutcome(0.0, {}, type(err).__name__, str(err)[:200])
+    return normalize_result(result)
+
+
+def normalize_result(result: Any) -> ScoreOutcome:
+    """A float, or a dict with `score` and extras, as a `ScoreOutcome`."""
+    extras: dict[str, Any] = {}
+    if isinstance(result, dict):
+        extras = {key: value for key, value in result.items() if key != "score"}
+        if "score" not in result:
+            return ScoreOutcome(0.0, extras, "bad_return", f"dict without 'score' (keys {sorted(result)})")
+        result = result["score"]
+    if not isinstance(result, Real) and callable(getattr(result, "item", None)):
+        # numpy scalars and one-element tensors (np.bool_ is not a Real, its .item() is)
+        size = result.numel() if callable(getattr(result, "numel", None)) else getattr(result, "size", 1)
+        if size == 1:
+            result = result.item()
+    if not isinstance(result, Real):  # bool, int, float
+        return ScoreOutcome(0.0, extras, "bad_return", f"score of type {type(result).__name__}")
+    if not math.isfinite(float(result)):
+        return ScoreOutcome(0.0, extras, "non_finite", f"score {result}")
+    return ScoreOutcome(float(result), extras)
+
+
+def run_awaitable(awaitable: Any) -> Any:
+    """Wait for an async scorer's result from sync code, also when this thread runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_awaited(awaitable))
+    box: dict[str, Any] = {}
+
+    def target() -> None:  # a running loop cannot be re-entered: wait in a thread of its own
+        try:
+            box["value"] = asyncio.run(_awaited(awaitable))
+        except BaseException as err:  # re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def score_worker_main(conn: Any, compute_score: Callable[..., Any]) -> None:
+    """A scoring worker process (`process_pool`): receive (data_source, solution_str, ground_truth,
+    extra_info) tuples on `conn`, send back one `ScoreOutcome` each, until the pipe closes. The
+    first message, "ready", says start-up is over, so start-up time never counts against a sample."""
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        try:
+            outcome = call_scorer(compute_score, *job)
+        except UnknownDataSourceError as err:
+            outcome = ScoreOutcome(0.0, {}, "UnknownDataSourceError", str(err))
+        conn.send(outcome)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

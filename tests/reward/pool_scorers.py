@@ -1,0 +1,27 @@
+"""Scoring functions for the process-pool tests (module level, so worker processes can import them)."""
+
+import asyncio
+import os
+import time
+
+
+def misbehaving(data_source, solution_str, ground_truth, extra_info=None):
+    """1.0 when the response equals the truth; on request it hangs, sleeps, dies, raises or awaits."""
+    if solution_str == "hang":
+        while True:
+            pass
+    if solution_str.startswith("sleep:"):
+        time.sleep(float(solution_str.split(":")[1]))
+        return 0.5
+    if solution_str == "die":
+        os._exit(3)
+    if solution_str == "boom":
+        raise ValueError("scorer exploded")
+    if solution_str == "async":
+        return _async_score(ground_truth)
+    return {"score": float(solution_str == ground_truth), "pid": os.getpid()}
+
+
+async def _async_score(ground_truth):
+    await asyncio.sleep(0.01)
+    return {"score": 0.25, "truth": ground_truth}
