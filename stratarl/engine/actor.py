@@ -1,60 +1,82 @@
 """Layer 5, training engine: the `Actor` (the policy being trained) and the frozen `Reference`.
 
-The engine knows no RL algorithm. `Actor.update` receives a batch and a `loss_fn` (built by the
-trainer from `algo/`) and does the mechanics: mini-batches, micro-batches with gradient
-accumulation, gradient clipping, the optimizer and LR schedule. Accumulation is normalised
-globally: the loss_fn receives the token and sequence totals of the whole mini-batch, so the
-micro-batch losses add up to the mini-batch loss and a k-way split gives the same gradient as one
-pass (tests/engine/test_actor.py checks it).
+The actor scores responses (log π and entropy per response token, `forward.PolicyScorer`) and
+applies updates from a loss_fn (`training.TrainingEngine`: micro-batches by rows or by token budget,
+packed sequences, globally normalised accumulation, FSDP2 over ranks). Its weights leave it as a
+full HF state dict (weight sync, export), with LoRA adapters merged; after a first full sync a LoRA
+actor can send only its adapters (`export_adapter`).
 """
 
 from __future__ import annotations
 
 import copy
-import math
-from collections import defaultdict
-from dataclasses import dataclass
-from typing import Protocol
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from stratarl.engine.forward import ResponseScores, score_responses, score_responses_no_grad
-from stratarl.engine.optim import build_lr_schedule, build_optimizer
+from stratarl.engine.data_parallel import DataParallel
+from stratarl.engine.forward import PolicyScorer, ResponseScores
+from stratarl.engine.fused_head import LOGIT_CHUNK_SIZE
+from stratarl.engine.lora import (
+    AdapterUpdate,
+    adapter_update,
+    is_lora,
+    lora_scalings,
+    merge_lora_state,
+    strip_prefix,
+)
+from stratarl.engine.micro_batches import MicroBatching, run_in_micro_batches
+from stratarl.engine.perf import ModelFlops
+from stratarl.engine.training import (
+    BatchTotals,
+    LossFn,
+    OptimizerSettings,
+    TrainingEngine,
+    block_class_names,
+    enable_activation_checkpointing,
+)
 from stratarl.transport.data_proto import DataProto
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+__all__ = ["Actor", "BatchTotals", "LossFn", "Reference", "ResponseScores", "compute_log_probs"]
 
 
-@dataclass(frozen=True)
-class BatchTotals:
-    """Totals of the mini-batch a micro-batch belongs to: the global normalisers of `aggregate_loss`."""
-
-    num_tokens: int  # Σ response_mask over the mini-batch (all ranks)
-    num_sequences: int  # rows of the mini-batch with at least one response token
-    dp_size: int = 1
+def causal_lm_of(model: nn.Module) -> nn.Module:
+    """The HF causal LM inside `model` (peft's injected base model for a LoRA policy)."""
+    return model.get_base_model() if is_lora(model) else model
 
 
-class LossFn(Protocol):
-    """(micro-batch loss, metrics). The loss is normalised by the mini-batch `totals`, and each metric
-    is the micro-batch's share of the mini-batch value: the engine adds both up over micro-batches."""
-
-    def __call__(
-        self, micro: DataProto, scores: ResponseScores, totals: BatchTotals
-    ) -> tuple[Tensor, dict[str, float]]: ...
+def _batching(lm: nn.Module, micro_batch_size: int, max_tokens: int | None, layout: str) -> MicroBatching:
+    # workload a·s + s² with a = 12·d: linear layers ≈ 24·d² FLOPs/token, attention ≈ 2·d per token pair
+    linear_coeff = 12.0 * lm.config.hidden_size
+    return MicroBatching(micro_batch_size, max_tokens=max_tokens, layout=layout, linear_coeff=linear_coeff)
 
 
-def _score(model: nn.Module, batch: DataProto, temperature: float, with_entropy: bool, grad: bool):
-    scorer = score_responses if grad else score_responses_no_grad
-    return scorer(
-        model,
-        batch["input_ids"],
-        batch["attention_mask"],
-        batch["position_ids"],
-        batch["responses"].shape[1],
-        temperature=temperature,
-        with_entropy=with_entropy,
-    )
+def _score_batch(
+    module: nn.Module,
+    batch: DataProto,
+    batching: MicroBatching,
+    dp: DataParallel,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    context: AbstractContextManager | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """[N, T] log-probs (and entropies) without gradients, 0 outside response_mask."""
+
+    def score(inputs):
+        scores = module.score(inputs, temperature=temperature, with_entropy=with_entropy)
+        return {"log_prob": scores.log_prob} | ({"entropy": scores.entropy} if with_entropy else {})
+
+    was_training = module.training
+    module.eval()
+    with context or nullcontext():
+        out = run_in_micro_batches(batch, batching, dp, score)
+    module.train(was_training)
+    mask = batch["response_mask"].to(torch.float32)
+    return out["log_prob"] * mask, out["entropy"] * mask if with_entropy else None
 
 
 def compute_log_probs(
@@ -64,43 +86,30 @@ def compute_log_probs(
     micro_batch_size: int,
     temperature: float,
     with_entropy: bool = False,
+    max_tokens_per_micro_batch: int | None = None,
+    layout: str = "packed",
+    logit_chunk_size: int | None = LOGIT_CHUNK_SIZE,
 ) -> tuple[Tensor, Tensor | None]:
-    """[N, T] log-probs (and entropies) of the responses, in micro-batches, without gradients."""
-    was_training = model.training
-    model.eval()
-    log_probs, entropies = [], []
-    for micro in batch.select(list(MODEL_INPUTS)).split(micro_batch_size):
-        scores = _score(model, micro, temperature, with_entropy, grad=False)
-        log_probs.append(scores.log_prob)
-        entropies.append(scores.entropy)
-    model.train(was_training)
-    mask = batch["response_mask"].to(torch.float32)
-    log_prob = torch.cat(log_probs) * mask  # padding positions hold 0, not garbage
-    entropy = torch.cat(entropies) * mask if with_entropy else None
-    return log_prob, entropy
+    """[N, T] log-probs (and entropies) of the responses under `model`, in one process, no gradients."""
+    lm = causal_lm_of(model)
+    scorer = PolicyScorer(lm, logit_chunk_size=logit_chunk_size)
+    batching = _batching(lm, micro_batch_size, max_tokens_per_micro_batch, layout)
+    return _score_batch(
+        scorer, batch, batching, DataParallel(), temperature=temperature, with_entropy=with_entropy
+    )
 
 
-class Reference:
-    """A frozen copy of a policy: log π_ref for KL terms. Holds no optimizer and never trains."""
+class Actor(TrainingEngine):
+    """The trained policy: scores responses and applies updates from a loss_fn.
 
-    def __init__(self, model: nn.Module, *, micro_batch_size: int, temperature: float = 1.0):
-        self.model = model.eval().requires_grad_(False)
-        self.micro_batch_size = micro_batch_size
-        self.temperature = temperature
+    max_tokens_per_micro_batch: micro-batches by token budget instead of `micro_batch_size` rows.
+    layout: "packed" (no compute on padding) or "padded". logit_chunk_size: rows of logits at a time
+    (None: all at once). data_parallel: FSDP2 over a mesh, mixed precision, offload (one process by
+    default). gradient_checkpointing: recompute block activations in the backward. peak_flops: the
+    MFU denominator (default `perf.default_peak_flops`).
+    """
 
-    @classmethod
-    def copy_of(cls, model: nn.Module, **kwargs) -> Reference:
-        return cls(copy.deepcopy(model), **kwargs)
-
-    def compute_log_prob(self, batch: DataProto) -> Tensor:
-        log_prob, _ = compute_log_probs(
-            self.model, batch, micro_batch_size=self.micro_batch_size, temperature=self.temperature
-        )
-        return log_prob
-
-
-class Actor:
-    """The trained policy: scores responses and applies updates from a loss_fn."""
+    role = "actor"
 
     def __init__(
         self,
@@ -116,77 +125,145 @@ class Actor:
         warmup_steps: int = 0,
         total_steps: int = 1,
         min_lr_ratio: float = 0.0,
+        max_tokens_per_micro_batch: int | None = None,
+        layout: str = "packed",
+        logit_chunk_size: int | None = LOGIT_CHUNK_SIZE,
+        data_parallel: DataParallel | None = None,
+        gradient_checkpointing: bool = False,
+        peak_flops: float | None = None,
     ):
         self.model = model
-        self.micro_batch_size = micro_batch_size
         self.temperature = temperature
-        self.grad_clip = grad_clip
-        self.optimizer = build_optimizer(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
-        self.lr_schedule = build_lr_schedule(
-            self.optimizer,
-            schedule=lr_schedule,
+        lm = causal_lm_of(model)
+        if gradient_checkpointing:
+            enable_activation_checkpointing(lm)
+        dp = data_parallel or DataParallel()
+        scorer = PolicyScorer(lm, logit_chunk_size=logit_chunk_size, autocast_dtype=dp.autocast_dtype)
+        optim = OptimizerSettings(
+            lr=lr,
+            weight_decay=weight_decay,
+            betas=betas,
+            grad_clip=grad_clip,
+            lr_schedule=lr_schedule,
             warmup_steps=warmup_steps,
             total_steps=total_steps,
             min_lr_ratio=min_lr_ratio,
         )
-        self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient norm
+        super().__init__(
+            dp.shard(scorer, block_class_names(lm)),
+            optim=optim,
+            batching=_batching(lm, micro_batch_size, max_tokens_per_micro_batch, layout),
+            dp=dp,
+            flops=ModelFlops.from_config(lm.config),
+            peak_flops=peak_flops,
+        )
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batching.micro_batch_size
+
+    @property
+    def lm(self) -> nn.Module:
+        return self.module.lm
+
+    def _forward(self, inputs, *, with_entropy: bool) -> ResponseScores:
+        return self.module.score(inputs, temperature=self.temperature, with_entropy=with_entropy)
+
+    def _zero_weight_pass(self, scores: ResponseScores) -> Tensor:
+        return scores.log_prob.sum() * 0.0
 
     def compute_log_prob(
         self, batch: DataProto, *, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        return compute_log_probs(
-            self.model,
+        """[N, T] log π_θ (old_log_probs) and entropies, no gradients, 0 outside response_mask."""
+        return _score_batch(
+            self.module,
             batch,
-            micro_batch_size=self.micro_batch_size,
+            self.batching,
+            self.dp,
             temperature=self.temperature,
             with_entropy=with_entropy,
         )
 
-    def update(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-        with_entropy: bool = False,
-    ) -> dict[str, float]:
-        """One training step: `epochs` passes over mini-batches of `mini_batch_size` rows, one optimizer
-        step per mini-batch, then one LR-schedule step. Returns metrics summed over micro-batches
-        (loss_fn's shares) and averaged over optimizer steps, plus `lr` and the skipped-step count."""
-        self.model.train()
-        collected: dict[str, list[float]] = defaultdict(list)
-        for mini in batch.make_iterator(mini_batch_size, epochs=epochs, seed=shuffle_seed):
-            for name, value in self._optimizer_step(mini, loss_fn, with_entropy).items():
-                collected[name].append(value)
-        metrics = {name: sum(values) / len(values) for name, values in collected.items()}
-        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["skipped_steps"] = float(self.skipped_steps)
-        self.lr_schedule.step()
-        return metrics
-
-    def _optimizer_step(self, mini: DataProto, loss_fn: LossFn, with_entropy: bool) -> dict[str, float]:
-        mask = mini["response_mask"]
-        totals = BatchTotals(num_tokens=int(mask.sum()), num_sequences=int((mask.sum(-1) > 0).sum()))
-        self.optimizer.zero_grad(set_to_none=True)
-        micro_metrics: dict[str, list[float]] = defaultdict(list)
-        for micro in mini.split(self.micro_batch_size):
-            scores = _score(self.model, micro, self.temperature, with_entropy, grad=True)
-            loss, metrics = loss_fn(micro, scores, totals)
-            loss.backward()  # micro losses are globally normalised: their sum is the mini-batch loss
-            for name, value in metrics.items():
-                micro_metrics[name].append(float(value))
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            self.skipped_steps += 1
-            self.optimizer.zero_grad(set_to_none=True)
-        out = {name: sum(values) for name, values in micro_metrics.items()}
-        out["grad_norm"] = grad_norm
-        return out
-
+    # --- weights out -----------------------------------------------------------------------------
     def export_weights(self) -> dict[str, Tensor]:
-        """The full state dict, for the rollout engine's `load_weights` and for saving."""
-        return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+        """The full HF state dict (LoRA merged), for the rollout engine's `load_weights` and for
+        saving. A collective when sharded: every rank calls it, rank 0 receives the tensors."""
+        state = strip_prefix(self.dp.full_model_state(self.module), "lm.")
+        if is_lora(self.model) and state:
+            return merge_lora_state(state, lora_scalings(self.lm))
+        return state
+
+    def export_adapter(self) -> AdapterUpdate:
+        """Only the LoRA A, B and scales: a weight sync after the first full one (`lora` module)."""
+        if not is_lora(self.model):
+            raise ValueError("export_adapter needs a LoRA actor (see engine.lora.apply_lora)")
+        state = strip_prefix(self.dp.full_model_state(self.module), "lm.")
+        return adapter_update(state, lora_scalings(self.lm)) if state else AdapterUpdate({}, {}, {})
+
+    def save_hf(self, out_dir: str | Path, *, tokenizer: Any = None) -> Path:
+        """The policy as an HF directory (`from_pretrained` loads it; LoRA merged). Rank 0 writes."""
+        state = self.export_weights()
+        out_dir = Path(out_dir)
+        if self.dp.rank == 0:
+            self.lm.save_pretrained(out_dir, state_dict=state)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(out_dir)
+        self.dp.barrier()
+        return out_dir
+
+
+class Reference:
+    """log π_ref for KL terms, never trained: a frozen copy of a policy, or — for a LoRA actor — the
+    actor's own model with the adapter disabled (`base_of`, no second copy)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        max_tokens_per_micro_batch: int | None = None,
+        layout: str = "packed",
+        logit_chunk_size: int | None = LOGIT_CHUNK_SIZE,
+        data_parallel: DataParallel | None = None,
+    ):
+        self.model = model.eval().requires_grad_(False)
+        self.temperature = temperature
+        self.dp = data_parallel or DataParallel()
+        lm = causal_lm_of(model)
+        scorer = PolicyScorer(lm, logit_chunk_size=logit_chunk_size, autocast_dtype=self.dp.autocast_dtype)
+        self.module = self.dp.shard(scorer, block_class_names(lm))
+        self.batching = _batching(lm, micro_batch_size, max_tokens_per_micro_batch, layout)
+        self._context = nullcontext
+
+    @classmethod
+    def copy_of(cls, model: nn.Module, **kwargs) -> Reference:
+        return cls(copy.deepcopy(model), **kwargs)
+
+    @classmethod
+    def base_of(cls, actor: Actor) -> Reference:
+        """The base model under a LoRA actor: same weights in memory, adapter disabled while scoring."""
+        if not is_lora(actor.model):
+            raise ValueError("Reference.base_of needs a LoRA actor; use Reference.copy_of otherwise")
+        reference = cls.__new__(cls)
+        reference.model, reference.module = actor.model, actor.module
+        reference.temperature, reference.dp, reference.batching = actor.temperature, actor.dp, actor.batching
+        reference._context = actor.model.disable_adapter
+        return reference
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batching.micro_batch_size
+
+    def compute_log_prob(self, batch: DataProto) -> Tensor:
+        log_prob, _ = _score_batch(
+            self.module,
+            batch,
+            self.batching,
+            self.dp,
+            temperature=self.temperature,
+            with_entropy=False,
+            context=self._context(),
+        )
+        return log_prob

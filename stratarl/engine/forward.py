@@ -1,52 +1,106 @@
-"""Layer 5, training engine: the forward pass that scores response tokens.
+"""Layer 5, training engine: the forward passes that score response tokens.
 
-log π(y_t | x, y_<t) and the entropy of π at every response position, under the sampling
-temperature τ: logits are divided by τ before the softmax, over the full vocabulary (no top-k/top-p
-renormalisation), the same definition the rollout engine uses for its sampled-token log-probs.
+`PolicyScorer` wraps a causal LM: log π(y_t | x, y_<t) and the entropy of π at each response token,
+under the sampling temperature τ (logits ÷ τ over the full vocabulary, no top-k/top-p: the same
+definition the rollout engine uses). `ValueScorer` wraps a token-classification model with one
+label: V(s_t) at the same positions. Both are `nn.Module`s whose forward runs the model body on
+`ModelInputs` (packed or padded) and the head only on the K scored positions, so a data-parallel
+wrapper (FSDP2's `fully_shard`) can take the scorer as its root module.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from stratarl.algo.entropy import entropy_from_logits, log_prob_from_logits
+from stratarl.engine.fused_head import LOGIT_CHUNK_SIZE, head_scores, head_scores_naive
+from stratarl.engine.packing import ModelInputs
+from stratarl.engine.varlen_attention import use_varlen_attention
 
 
 @dataclass
 class ResponseScores:
-    log_prob: Tensor  # [m, T]
+    log_prob: Tensor  # [m, T], 0 where no response token
     entropy: Tensor | None  # [m, T], when asked for
 
 
-def score_responses(
-    model: nn.Module,
-    input_ids: Tensor,  # [m, P+T] left-padded prompt then right-padded response
-    attention_mask: Tensor,  # [m, P+T]
-    position_ids: Tensor,  # [m, P+T]
-    response_len: int,  # T
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-) -> ResponseScores:
-    """Log-prob (and entropy) of each response token y_t, read from the logits at position t−1."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for scoring, got {temperature}")
-    out = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    )
-    # Position i predicts token i+1: responses occupy the last T positions, so their logits are the
-    # T positions before them.
-    logits = out.logits[:, -response_len - 1 : -1, :].float() / temperature  # [m, T, V]
-    responses = input_ids[:, -response_len:]  # [m, T]
-    log_prob = log_prob_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return ResponseScores(log_prob=log_prob, entropy=entropy)
+@dataclass
+class ValueScores:
+    values: Tensor  # [m, T] V(s_t), read at the position before response token t; 0 where none
 
 
-@torch.no_grad()
-def score_responses_no_grad(model: nn.Module, *args, **kwargs) -> ResponseScores:
-    """score_responses without building an autograd graph (old/ref log-probs)."""
-    return score_responses(model, *args, **kwargs)
+def _hidden_states(body: nn.Module, inputs: ModelInputs, autocast_dtype: torch.dtype | None) -> Tensor:
+    """[K, d] last hidden states at the scored positions."""
+    device = inputs.input_ids.device
+    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else nullcontext()
+    with autocast:
+        out = body(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            use_cache=False,
+            **inputs.attention_kwargs,
+        )
+    hidden = out.last_hidden_state  # [b, L, d]
+    return hidden.reshape(-1, hidden.shape[-1])[inputs.score_index]
+
+
+class PolicyScorer(nn.Module):
+    """A causal LM (HF `...ForCausalLM`, or its peft-wrapped base) as a response scorer.
+
+    logit_chunk_size: rows of logits made at a time by the head (`fused_head.head_scores`);
+    None makes all K·V logits at once (the plain form).
+    """
+
+    def __init__(
+        self, lm: nn.Module, *, logit_chunk_size: int | None = LOGIT_CHUNK_SIZE, autocast_dtype=None
+    ):
+        super().__init__()
+        use_varlen_attention(lm)
+        self.lm = lm
+        self.logit_chunk_size = logit_chunk_size
+        self.autocast_dtype = autocast_dtype
+
+    def forward(
+        self, inputs: ModelInputs, *, temperature: float, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:  # [K], [K]
+        hidden = _hidden_states(self.lm.get_decoder(), inputs, self.autocast_dtype)
+        head = self.lm.get_output_embeddings()
+        kwargs = dict(temperature=temperature, with_entropy=with_entropy)
+        if self.logit_chunk_size is None:
+            return head_scores_naive(hidden, head.weight, head.bias, inputs.labels, **kwargs)
+        return head_scores(
+            hidden, head.weight, head.bias, inputs.labels, chunk_size=self.logit_chunk_size, **kwargs
+        )
+
+    def score(self, inputs: ModelInputs, *, temperature: float, with_entropy: bool) -> ResponseScores:
+        log_prob, entropy = self(inputs, temperature=temperature, with_entropy=with_entropy)
+        return ResponseScores(
+            log_prob=inputs.to_grid(log_prob), entropy=inputs.to_grid(entropy) if with_entropy else None
+        )
+
+
+class ValueScorer(nn.Module):
+    """A token-classification model with one label (`AutoModelForTokenClassification`, num_labels=1:
+    `base_model` is the body, `score` the scalar head) as a value function.
+
+    V(s_t) for response token t is the head's output at position t−1, the last token of the state
+    s_t = (x, y_<t) in which y_t is chosen (verl's critic slices `[:, -T-1:-1]`)."""
+
+    def __init__(self, value_model: nn.Module, *, autocast_dtype=None):
+        super().__init__()
+        use_varlen_attention(value_model)
+        self.value_model = value_model
+        self.autocast_dtype = autocast_dtype
+
+    def forward(self, inputs: ModelInputs) -> Tensor:  # [K]
+        hidden = _hidden_states(self.value_model.base_model, inputs, self.autocast_dtype)
+        dropout = getattr(self.value_model, "dropout", nn.Identity())
+        head = self.value_model.score
+        return head(dropout(hidden.to(head.weight.dtype))).squeeze(-1).float()
+
+    def score(self, inputs: ModelInputs) -> ValueScores:
+        return ValueScores(values=inputs.to_grid(self(inputs)))

@@ -54,7 +54,9 @@ class ActorLoss:
 
     def __call__(self, micro: DataProto, scores, totals) -> tuple[Tensor, dict[str, float]]:
         mask = micro["response_mask"]  # [m, T]
-        share = float(mask.sum()) / max(totals.num_tokens, 1)  # this micro-batch's share of tokens
+        # This micro-batch's share of the mini-batch's tokens; × dp_size because the engine averages
+        # metrics over data-parallel ranks (the shares of one rank add up to 1/D of the total).
+        share = float(mask.sum()) * totals.dp_size / max(totals.num_tokens, 1)
         normalizers = {
             "dp_size": totals.dp_size,
             "global_num_tokens": totals.num_tokens,

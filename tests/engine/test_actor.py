@@ -1,63 +1,21 @@
 """The training engine: response scoring, globally normalised accumulation, clipping, skipped steps."""
 
+import copy
 import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from stratarl.algo.aggregation import aggregate_loss
-from stratarl.engine.actor import Actor, BatchTotals, Reference, compute_log_probs
+from stratarl.engine.actor import Actor, Reference, compute_log_probs
+from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.optim import build_lr_schedule, build_optimizer
-from stratarl.transport.data_proto import DataProto
-
-P, T, V = 5, 4, 32
+from tests.engine.tiny_batches import V, policy_gradient_loss, ragged_batch, tiny_model
 
 
-def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config)
-
-
-def ragged_batch(n: int = 8, seed: int = 1) -> DataProto:
-    """n rows: left-padded prompts of 2..P tokens, right-padded responses of 1..T tokens."""
-    g = torch.Generator().manual_seed(seed)
-    prompt_len = torch.randint(2, P + 1, (n,), generator=g)
-    response_len = torch.randint(1, T + 1, (n,), generator=g)
-    prompt_mask = (torch.arange(P) >= P - prompt_len[:, None]).long()
-    response_mask = (torch.arange(T) < response_len[:, None]).long()
-    prompts = torch.randint(1, V, (n, P), generator=g) * prompt_mask
-    responses = torch.randint(1, V, (n, T), generator=g) * response_mask
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    return DataProto.from_dict(
-        {
-            "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
-            "position_ids": position_ids, "responses": responses, "response_mask": response_mask,
-            "advantages": torch.randn(n, T, generator=g) * response_mask,
-        }
-    )  # fmt: skip
-
-
-def policy_gradient_loss(micro, scores, totals: BatchTotals):
-    per_token = -micro["advantages"] * scores.log_prob
-    loss = (
-        aggregate_loss(
-            per_token, micro["response_mask"], "token-mean", global_num_tokens=totals.num_tokens, dp_size=2
-        )
-        / 2
-    )  # dp_size=2 with /2: the normaliser is the global count, whatever the rank count
-    return loss, {"pg_loss": loss.item()}
-
-
-def grads_after_one_step(micro_batch_size: int) -> list[torch.Tensor]:
+def grads_after_one_step(micro_batch_size: int = 8, **kwargs) -> list[torch.Tensor]:
     model = tiny_model()
-    actor = Actor(model, lr=0.0, micro_batch_size=micro_batch_size, grad_clip=1e9)
-    actor.update(ragged_batch(), policy_gradient_loss, mini_batch_size=8)
+    actor = Actor(model, lr=0.0, micro_batch_size=micro_batch_size, grad_clip=1e9, **kwargs)
+    actor.update(ragged_batch(), policy_gradient_loss, mini_batch_size=8, with_entropy=True)
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -84,6 +42,48 @@ def test_micro_batch_split_gives_the_same_gradient_as_one_pass():
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("max_tokens", [9, 14, 30])
+def test_token_budget_micro_batches_give_the_same_gradient(max_tokens):
+    whole = grads_after_one_step()  # rows 3..9 tokens long: a budget of 9 gives about one row each
+    split = grads_after_one_step(max_tokens_per_micro_batch=max_tokens)
+    for a, b in zip(whole, split, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_padded_layout_and_unchunked_head_give_the_same_gradient():
+    packed = grads_after_one_step(micro_batch_size=3)
+    padded = grads_after_one_step(micro_batch_size=3, layout="padded", logit_chunk_size=None)
+    for a, b in zip(packed, padded, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_activation_checkpointing_gives_the_same_gradient():
+    plain = grads_after_one_step(micro_batch_size=4)
+    recomputed = grads_after_one_step(micro_batch_size=4, gradient_checkpointing=True)
+    for a, b in zip(plain, recomputed, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_autocast_in_one_process_stays_close_to_fp32():
+    model, batch = tiny_model(), ragged_batch()
+    fp32 = Actor(model, lr=1e-2, micro_batch_size=4).compute_log_prob(batch)[0]
+    actor = Actor(
+        copy.deepcopy(model), lr=1e-2, micro_batch_size=4, data_parallel=DataParallel(param_dtype="bfloat16")
+    )
+    bf16 = actor.compute_log_prob(batch)[0]
+    assert 0 < (bf16 - fp32).abs().max() < 0.05  # bf16 keeps ~3 significant digits
+    assert next(model.parameters()).dtype == torch.float32  # master weights stay fp32
+    metrics = actor.update(batch, policy_gradient_loss, mini_batch_size=8)
+    assert math.isfinite(metrics["grad_norm"]) and metrics["skipped_steps"] == 0
+
+
+def test_offloading_is_refused_where_there_is_no_accelerator():
+    with pytest.raises(ValueError, match="GPU mesh"):
+        DataParallel(offload_params=True)
+    with pytest.raises(ValueError, match="param_dtype"):
+        DataParallel(param_dtype="int8")
+
+
 def test_update_changes_weights_and_reports_metrics():
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
@@ -91,6 +91,9 @@ def test_update_changes_weights_and_reports_metrics():
     metrics = actor.update(ragged_batch(), policy_gradient_loss, mini_batch_size=4, epochs=2, shuffle_seed=0)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert set(metrics) >= {"pg_loss", "grad_norm", "lr", "skipped_steps"} and metrics["skipped_steps"] == 0
+    assert metrics["perf/padding_share/actor"] == 0.0  # packed: no padding computed
+    assert metrics["perf/mfu/actor"] > 0 and metrics["perf/max_memory_allocated_gb"] > 0
+    assert metrics["perf/cpu_memory_used_gb"] > 0
 
 
 def test_non_finite_gradient_skips_the_step_and_is_counted():

@@ -1,0 +1,243 @@
+"""Layer 5, training engine: checkpoints — written atomically, verified on load, with retention.
+
+Layout (verl's names where it has them):
+
+    root/latest_checkpointed_iteration.txt      the step of the newest complete checkpoint
+    root/global_step_{N}/<role>/model.pt         full (unsharded) model state, HF parameter names
+    root/global_step_{N}/<role>/optimizer.pt     full optimizer state (keyed by parameter name)
+    root/global_step_{N}/<role>/extra.pt         LR schedule state, skipped-step count
+    root/global_step_{N}/rng/rank_{r}.pt         python, numpy, torch (and CUDA) RNG states per rank
+    root/global_step_{N}/huggingface/            the policy, loadable with from_pretrained (LoRA merged)
+    root/global_step_{N}/trainer_state.pt        what the caller passes (dataloader position, ...)
+    root/global_step_{N}/manifest.json           size and sha256 of every file above, written last
+
+A save writes into `.tmp-global_step_{N}`, writes the manifest, renames the directory into place and
+only then rewrites the `latest` pointer (itself through a temporary file and `os.replace`), so a
+crash leaves either the old or the new checkpoint, never half of one. A load checks the manifest
+and falls back to the newest complete checkpoint, saying why it skipped the others.
+
+Departure from verl: verl saves one shard per rank (`model_world_size_W_rank_r.pt`), so a resume
+needs the same world size; here states are gathered to rank 0 and saved whole, so a resume may use
+any number of ranks, at the cost of rank 0 holding the full state while saving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stratarl.engine.data_parallel import DataParallel
+
+TRACKER = "latest_checkpointed_iteration.txt"
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(directory: Path, step: int, world_size: int) -> None:
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {
+        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files
+    }
+    text = json.dumps({"step": step, "world_size": world_size, "files": entries}, indent=1)
+    _write_durably(directory / MANIFEST, text)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def checkpoint_problem(directory: Path) -> str | None:
+    """Why `directory` is not a complete checkpoint (None when it is)."""
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        return f"{manifest.name} is missing (the save did not finish)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError) as err:
+        return f"{manifest.name} is unreadable ({err})"
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != expected["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {expected['bytes']}"
+        if _sha256(path) != expected["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+@dataclass
+class LoadedCheckpoint:
+    step: int
+    path: Path
+    trainer_state: Any = None
+    skipped: list[str] = field(default_factory=list)  # why newer checkpoints were not used
+
+
+class CheckpointManager:
+    """Saves and restores the trained roles (`TrainingEngine`s: actor, critic) of one run.
+
+    All ranks call `save` and `load` (they gather and scatter sharded states); rank 0 writes.
+    max_to_keep: complete checkpoints kept (oldest removed first); None keeps all."""
+
+    def __init__(self, root: str | Path, *, max_to_keep: int | None = None, dp: DataParallel | None = None):
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
+        self.root = Path(root)
+        self.max_to_keep = max_to_keep
+        self.dp = dp or DataParallel()
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"global_step_{step}"
+
+    def steps(self) -> list[int]:
+        """Steps of the global_step_* directories present, complete or not, newest first."""
+        if not self.root.is_dir():
+            return []
+        found = (STEP_DIR.match(p.name) for p in self.root.iterdir() if p.is_dir())
+        return sorted((int(m.group(1)) for m in found if m), reverse=True)
+
+    def latest_pointer(self) -> int | None:
+        tracker = self.root / TRACKER
+        text = tracker.read_text().strip() if tracker.is_file() else ""
+        return int(text) if text.isdigit() else None
+
+    # --- save ------------------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        roles: dict[str, Any],
+        *,
+        hf_policy: Any = None,
+        tokenizer: Any = None,
+        trainer_state: Any = None,
+    ) -> Path:
+        """Write checkpoint `step` of `roles` ({"actor": actor, "critic": critic}); hf_policy (an
+        Actor) is also exported as huggingface/. Returns the final directory."""
+        main = self.dp.rank == 0
+        tmp = self.root / f".tmp-global_step_{step}"
+        if main:
+            for stale in self.root.glob(".tmp-global_step_*"):
+                shutil.rmtree(stale)
+            for sub in ["rng", *roles]:
+                (tmp / sub).mkdir(parents=True)
+        self.dp.barrier()
+        for name, role in roles.items():
+            state = role.checkpoint_state()  # collective
+            if main:
+                for part in ("model", "optimizer", "extra"):
+                    torch.save(state[part], tmp / name / f"{part}.pt")
+        torch.save(rng_state(), tmp / "rng" / f"rank_{self.dp.rank}.pt")
+        if hf_policy is not None:
+            hf_policy.save_hf(tmp / "huggingface", tokenizer=tokenizer)
+        if main and trainer_state is not None:
+            torch.save(trainer_state, tmp / "trainer_state.pt")
+        self.dp.barrier()
+        final = self.step_dir(step)
+        if main:
+            self._publish(tmp, final, step)
+        self.dp.barrier()
+        return final
+
+    def _publish(self, tmp: Path, final: Path, step: int) -> None:
+        _write_manifest(tmp, step, self.dp.size)
+        if final.exists():  # the same step saved again: replace it
+            old = final.with_name(f".old-{final.name}")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+        _write_durably(self.root / TRACKER, f"{step}\n")  # the pointer moves last
+        self._prune()
+
+    def _prune(self) -> None:
+        if self.max_to_keep is None:
+            return
+        complete = [s for s in self.steps() if checkpoint_problem(self.step_dir(s)) is None]
+        for step in complete[self.max_to_keep :]:
+            shutil.rmtree(self.step_dir(step))
+
+    # --- load ------------------------------------------------------------------------------------
+    def find_latest(self) -> tuple[int | None, list[str]]:
+        """The newest complete step (the pointer's first, then every directory newest first), and a
+        message for each checkpoint skipped on the way."""
+        pointer = self.latest_pointer()
+        candidates = ([pointer] if pointer is not None else []) + [s for s in self.steps() if s != pointer]
+        skipped = []
+        for step in candidates:
+            directory = self.step_dir(step)
+            problem = checkpoint_problem(directory) if directory.is_dir() else "the directory is missing"
+            if problem is None:
+                return step, skipped
+            skipped.append(f"checkpoint {directory} is incomplete or corrupted: {problem}")
+        return None, skipped
+
+    def load(self, roles: dict[str, Any]) -> LoadedCheckpoint | None:
+        """Restore the newest complete checkpoint into `roles` and the RNG states; None if there is
+        none. Skipped checkpoints are reported with a warning naming the one used instead."""
+        found = self.dp.broadcast_object(self.find_latest() if self.dp.rank == 0 else None)
+        step, skipped = found
+        for message in skipped:
+            used = f"using global_step_{step}" if step is not None else "no complete checkpoint remains"
+            warnings.warn(f"{message}; {used}", stacklevel=2)
+        if step is None:
+            return None
+        directory = self.step_dir(step)
+        main = self.dp.rank == 0
+        for name, role in roles.items():
+            state = {
+                part: torch.load(directory / name / f"{part}.pt", weights_only=False) if main else {}
+                for part in ("model", "optimizer")
+            }
+            state["extra"] = torch.load(directory / name / "extra.pt", weights_only=False)
+            role.load_checkpoint_state(state)
+        rng_file = directory / "rng" / f"rank_{self.dp.rank}.pt"
+        if rng_file.is_file():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        else:
+            warnings.warn(
+                f"{rng_file} is missing (saved with other ranks); RNG states not restored", stacklevel=2
+            )
+        trainer_file = directory / "trainer_state.pt"
+        trainer_state = torch.load(trainer_file, weights_only=False) if trainer_file.is_file() else None
+        return LoadedCheckpoint(step=step, path=directory, trainer_state=trainer_state, skipped=skipped)

@@ -1,0 +1,118 @@
+"""Layer 5, training engine: log-prob and entropy of the output head without materializing [K, V].
+
+For K scored positions with hidden states h [K, d], output weight W [V, d] (and bias b), temperature τ:
+
+    z = (h Wᵀ + b) / τ                  logits, fp32, computed `chunk_size` rows at a time
+    log π(y) = z_y − logsumexp(z)       H = logsumexp(z) − Σ_v softmax(z)_v z_v
+
+The forward keeps only h, W and the labels; the backward recomputes each chunk's logits and uses
+
+    ∂log π(y)/∂z = onehot(y) − p        ∂H/∂z = p ⊙ (E_p[z] − z)        ∂z/∂h = W/τ,  ∂z/∂W = hᵀ/τ
+
+so the extra memory is O(chunk_size·V) instead of O(K·V) for logits, softmax and their gradients
+(verl's `use_fused_kernels`, `linear_cross_entropy`, is the GPU kernel of the same idea). Only the
+K positions that score a response token go through the head: prompt positions never make logits.
+`head_scores_naive` is the plain form, the reference for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from stratarl.algo.entropy import entropy_from_logits, log_prob_from_logits
+
+# Rows of logits per chunk. At V = 32k, fp32, one chunk is 32 MiB; forward + backward of K = 2048
+# tokens then peaks at +242 MiB against +1806 MiB for the plain form (docs/benchmarks_engine.md).
+LOGIT_CHUNK_SIZE = 256
+
+
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """[c, d] -> [c, V] in fp32 (the matmul in the weights' dtype, like the model's own head)."""
+    return F.linear(hidden.to(weight.dtype), weight, bias).float() / temperature
+
+
+class _HeadScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy):
+        num = hidden.shape[0]
+        log_prob = hidden.new_empty(num, dtype=torch.float32)
+        entropy = hidden.new_empty(num if with_entropy else 0, dtype=torch.float32)
+        for lo in range(0, num, chunk_size):
+            hi = lo + chunk_size
+            z = _logits(hidden[lo:hi], weight, bias, temperature)  # [c, V]
+            lse = torch.logsumexp(z, dim=-1)
+            log_prob[lo:hi] = z.gather(-1, labels[lo:hi, None]).squeeze(-1) - lse
+            if with_entropy:
+                entropy[lo:hi] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, labels)
+        ctx.settings = (temperature, chunk_size, with_entropy)
+        return log_prob, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_log_prob, grad_entropy):
+        hidden, weight, bias, labels = ctx.saved_tensors
+        temperature, chunk_size, with_entropy = ctx.settings
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+        for lo in range(0, hidden.shape[0], chunk_size):
+            hi = lo + chunk_size
+            z = _logits(hidden[lo:hi], weight, bias, temperature)
+            p = torch.softmax(z, dim=-1)
+            g_lp = grad_log_prob[lo:hi, None]  # [c, 1]
+            grad_z = -p * g_lp
+            grad_z.scatter_add_(-1, labels[lo:hi, None], g_lp)
+            if with_entropy and grad_entropy is not None:
+                expected_z = (p * z).sum(dim=-1, keepdim=True)  # E_p[z]
+                grad_z += p * (expected_z - z) * grad_entropy[lo:hi, None]
+            grad_z /= temperature  # z = logits / τ
+            if need_h:
+                grad_h[lo:hi] = (grad_z.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:
+                grad_w.addmm_(grad_z.T, hidden[lo:hi].float())
+            if need_b:
+                grad_b += grad_z.sum(dim=0)
+        grad_w = grad_w.to(weight.dtype) if need_w else None
+        grad_b = grad_b.to(bias.dtype) if need_b else None
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def head_scores(
+    hidden: Tensor,  # [K, d]
+    weight: Tensor,  # [V, d]
+    bias: Tensor | None,  # [V]
+    labels: Tensor,  # [K]
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = LOGIT_CHUNK_SIZE,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:  # [K] log π(y), [K] H (fp32)
+    """log π(label) (and entropy) at each row of `hidden`, `chunk_size` rows of logits at a time."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for scoring, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if labels.shape != hidden.shape[:1]:
+        raise ValueError(f"labels {tuple(labels.shape)} must be [{hidden.shape[0]}]")
+    log_prob, entropy = _HeadScores.apply(hidden, weight, bias, labels, temperature, chunk_size, with_entropy)
+    return log_prob, entropy if with_entropy else None
+
+
+def head_scores_naive(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The same quantities with all [K, V] logits in fp32 at once, autograd through every step."""
+    logits = F.linear(hidden.to(weight.dtype), weight, bias).float() / temperature  # [K, V]
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_prob_from_logits(logits, labels), entropy

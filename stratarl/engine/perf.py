@@ -1,0 +1,125 @@
+"""Layer 5, training engine: model FLOPs, the machine's matmul peak, MFU and memory metrics.
+
+Model FLOPs of one forward over a row of s tokens, K of them scored by the output head (a decoder
+of L blocks, width d, h_q query heads of size e, h_kv key/value heads, gated MLP width f, vocab V):
+
+    F_fwd = 2·N_block·L·s + 2·d·V·K + 4·L·h_q·e·s²
+    N_block = d·h_q·e + 2·d·h_kv·e + h_q·e·d + 3·d·f      (q, k, v, o projections; gate, up, down)
+
+The 2·N terms are the matmuls (a multiply-add is 2 FLOPs); 4·h_q·e·s² per block is QKᵀ and A·V over
+the full s×s square (verl's FlopsCounter convention; causal kernels do about half). Embedding
+lookups are gathers, not FLOPs: departure from verl, which counts the embedding as a matmul. The
+backward costs twice the forward, so a training step is 3·F_fwd. MFU = FLOPs / (seconds · peak):
+padding and masked-out attention across packed rows do not count as model FLOPs, so they lower MFU.
+"""
+
+from __future__ import annotations
+
+import functools
+import resource
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+GIB = 1024**3
+
+# Square fp32/bf16 matmul peak of one thread on the project's reference machine (AMD EPYC Zen-4,
+# AVX-512; docs: /work/shared/reference/cpu-feasibility.md §2, best of 8 reps at n=2048..4096).
+CPU_PEAK_FLOPS_PER_THREAD = {torch.float32: 96e9, torch.bfloat16: 207e9}
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    """The FLOP coefficients of a decoder, from its HF config."""
+
+    block_params: int  # N_block·L: matmul parameters of all blocks
+    head_params: int  # d·V (1·d for a value head)
+    attention_coeff: int  # 4·L·h_q·e: forward FLOPs per s² of one sequence
+
+    @classmethod
+    def from_config(cls, config, *, head_outputs: int | None = None) -> ModelFlops:
+        """head_outputs: V for a causal LM (default: config.vocab_size), 1 for a value head."""
+        d, layers = config.hidden_size, config.num_hidden_layers
+        h_q = config.num_attention_heads
+        h_kv = getattr(config, "num_key_value_heads", None) or h_q
+        e = getattr(config, "head_dim", None) or d // h_q
+        block = d * h_q * e + 2 * d * h_kv * e + h_q * e * d + 3 * d * config.intermediate_size
+        outputs = config.vocab_size if head_outputs is None else head_outputs
+        return cls(block_params=block * layers, head_params=d * outputs, attention_coeff=4 * layers * h_q * e)
+
+    def forward_flops(self, seq_lens: Sequence[int], scored_tokens: int) -> float:
+        """F_fwd summed over rows of lengths `seq_lens`, `scored_tokens` of them through the head."""
+        tokens = sum(seq_lens)
+        squares = sum(s * s for s in seq_lens)
+        return (
+            2.0 * self.block_params * tokens
+            + 2.0 * self.head_params * scored_tokens
+            + self.attention_coeff * squares
+        )
+
+    def train_flops(self, seq_lens: Sequence[int], scored_tokens: int) -> float:
+        """Forward + backward: 3·F_fwd."""
+        return 3.0 * self.forward_flops(seq_lens, scored_tokens)
+
+
+@functools.cache
+def measured_matmul_peak(dtype: torch.dtype = torch.float32, device: str = "cpu", n: int = 2048) -> float:
+    """Best FLOP/s of an n×n matmul over a few repetitions, measured once per process (cached per
+    dtype, device and size; the thread count in force at the first call applies)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for rep in range(6):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if rep:  # the first call warms up
+            best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+def default_peak_flops(dtype: torch.dtype = torch.float32) -> float:
+    """The denominator when none is configured: on CPU, the reference machine's per-thread peak ×
+    torch threads; on GPU, a measurement (no table of GPU peaks is kept)."""
+    if torch.cuda.is_available():
+        return measured_matmul_peak(dtype, "cuda")
+    return (
+        CPU_PEAK_FLOPS_PER_THREAD.get(dtype, CPU_PEAK_FLOPS_PER_THREAD[torch.float32])
+        * torch.get_num_threads()
+    )
+
+
+def mfu(flops: float, seconds: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over the peak."""
+    return 0.0 if seconds <= 0 else flops / seconds / peak_flops
+
+
+def memory_metrics() -> dict[str, float]:
+    """`perf/max_memory_allocated_gb`: the CUDA allocator's peak when a GPU is in use, else this
+    process's peak resident memory (the CPU is the device). `perf/cpu_memory_used_gb`: this process's
+    resident memory now."""
+    peak_rss = _peak_rss_bytes()
+    device_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else peak_rss
+    return {
+        "perf/max_memory_allocated_gb": device_peak / GIB,
+        "perf/cpu_memory_used_gb": _current_rss_bytes(peak_rss) / GIB,
+    }
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def _current_rss_bytes(fallback: int) -> int:
+    statm = Path("/proc/self/statm")
+    if not statm.exists():
+        return fallback
+    return int(statm.read_text().split()[1]) * resource.getpagesize()

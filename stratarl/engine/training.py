@@ -1,0 +1,230 @@
+"""Layer 5, training engine: the update mechanics shared by the trained roles (actor, critic).
+
+The engine knows no RL algorithm. `update` receives a batch and a `loss_fn` (built by the trainer
+from `algo/`) and does the mechanics: mini-batches, micro-batches with gradient accumulation,
+gradient clipping, the optimizer and LR schedule, data-parallel reductions, MFU and memory metrics.
+
+Accumulation is normalised globally: the loss_fn receives the token and sequence totals of the
+whole mini-batch over all ranks (`BatchTotals`), so the micro-batch losses add up to the mini-batch
+loss, a k-way micro-batch split gives the gradient of one pass, and — FSDP2 averaging gradients
+over D ranks, the losses carrying the factor D — D ranks give the gradient of one rank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from stratarl.engine.data_parallel import DTYPES, DataParallel, clip_grad_norm
+from stratarl.engine.micro_batches import MicroBatching, model_inputs, plan_micro_batches
+from stratarl.engine.optim import build_lr_schedule, build_optimizer
+from stratarl.engine.packing import ModelInputs, padding_share
+from stratarl.engine.perf import ModelFlops, default_peak_flops, memory_metrics, mfu
+from stratarl.transport.data_proto import DataProto
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """Totals of the mini-batch a micro-batch belongs to: the global normalisers of `aggregate_loss`."""
+
+    num_tokens: int  # Σ response_mask over the mini-batch (all ranks)
+    num_sequences: int  # rows of the mini-batch with at least one response token (all ranks)
+    dp_size: int = 1
+
+
+class LossFn(Protocol):
+    """(micro-batch loss, metrics) from the micro-batch, its scores (`ResponseScores` for the actor,
+    `ValueScores` for the critic) and the mini-batch `totals`.
+
+    The loss is normalised by the global totals and multiplied by totals.dp_size (as
+    `aggregate_loss(..., dp_size=D, global_num_tokens=...)` does). The engine sums each metric over a
+    rank's micro-batches and averages it over ranks, so a metric is the micro-batch's share of the
+    mini-batch value times dp_size (e.g. value · local_tokens · D / num_tokens); with D = 1 a share."""
+
+    def __call__(
+        self, micro: DataProto, scores: Any, totals: BatchTotals
+    ) -> tuple[Tensor, dict[str, float]]: ...
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW and its LR schedule (optim.py), and the gradient-norm clip."""
+
+    lr: float
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1
+    min_lr_ratio: float = 0.0
+
+
+class TrainingEngine:
+    """A scorer module under training. Subclasses define `_forward` (what the loss_fn scores) and
+    `role` (the metric suffix of perf/mfu/<role>)."""
+
+    role = "model"
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        optim: OptimizerSettings,
+        batching: MicroBatching,
+        dp: DataParallel,
+        flops: ModelFlops | None = None,
+        peak_flops: float | None = None,
+    ):
+        self.module = module  # the root: already sharded when dp has a mesh
+        self.batching = batching
+        self.dp = dp
+        self.grad_clip = optim.grad_clip
+        self.optimizer = build_optimizer(
+            module.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas
+        )
+        self.lr_schedule = build_lr_schedule(
+            self.optimizer,
+            schedule=optim.lr_schedule,
+            warmup_steps=optim.warmup_steps,
+            total_steps=optim.total_steps,
+            min_lr_ratio=optim.min_lr_ratio,
+        )
+        self.flops = flops
+        self.peak_flops = peak_flops
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient norm
+
+    def _forward(self, inputs: ModelInputs, *, with_entropy: bool) -> Any:
+        raise NotImplementedError
+
+    def _zero_weight_pass(self, scores: Any) -> Tensor:
+        """A loss of exactly 0 that still runs the backward (and its collectives)."""
+        raise NotImplementedError
+
+    @property
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def update(
+        self,
+        batch: DataProto,
+        loss_fn: LossFn,
+        *,
+        mini_batch_size: int,
+        epochs: int = 1,
+        shuffle_seed: int | None = None,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """One training step: `epochs` passes over mini-batches of `mini_batch_size` rows (this rank's),
+        one optimizer step per mini-batch, then one LR-schedule step. Returns metrics summed over
+        micro-batches, averaged over optimizer steps and ranks, plus grad_norm, lr, skipped_steps and
+        perf/* (MFU, padding share computed, memory)."""
+        self._check_equal_shards(len(batch))
+        self.module.train()
+        start = time.perf_counter()
+        collected: dict[str, list[float]] = defaultdict(list)
+        work = {"flops": 0.0, "computed": 0, "real": 0}
+        for mini in batch.make_iterator(mini_batch_size, epochs=epochs, seed=shuffle_seed):
+            for name, value in self._optimizer_step(mini, loss_fn, with_entropy, work).items():
+                collected[name].append(value)
+        metrics = self.dp.mean({name: sum(values) / len(values) for name, values in collected.items()})
+        elapsed = time.perf_counter() - start
+        metrics |= self._perf_metrics(work, elapsed)
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["skipped_steps"] = float(self.skipped_steps)
+        self.lr_schedule.step()
+        return metrics
+
+    def _check_equal_shards(self, rows: int) -> None:
+        low, high = self.dp.reduce([rows, -rows], "min")
+        if low != -high:
+            raise ValueError(f"data-parallel ranks hold {int(low)}..{int(-high)} rows; they must be equal")
+
+    def _optimizer_step(
+        self, mini: DataProto, loss_fn: LossFn, with_entropy: bool, work: dict[str, float]
+    ) -> dict[str, float]:
+        mask = mini["response_mask"]
+        num_tokens, num_seqs = self.dp.reduce([mask.sum(), (mask.sum(-1) > 0).sum()], "sum")
+        totals = BatchTotals(num_tokens=int(num_tokens), num_sequences=int(num_seqs), dp_size=self.dp.size)
+        self.optimizer.zero_grad(set_to_none=True)
+        micro_metrics: dict[str, float] = defaultdict(float)
+        for rows in plan_micro_batches(mini, self.batching, self.dp):
+            inputs = model_inputs(mini, rows or [0], self.batching.layout)
+            scores = self._forward(inputs, with_entropy=with_entropy)
+            if not rows:
+                self._zero_weight_pass(scores).backward()
+                continue
+            loss, metrics = loss_fn(mini.take(rows), scores, totals)
+            loss.backward()  # micro losses are globally normalised: their sum is the mini-batch loss
+            for name, value in metrics.items():
+                micro_metrics[name] += float(value)
+            self._count_work(inputs, work)
+        grad_norm = clip_grad_norm(self.trainable_parameters, self.grad_clip)
+        if math.isfinite(grad_norm):  # the norm is global, so every rank takes the same branch
+            self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+        return {**micro_metrics, "grad_norm": grad_norm}
+
+    def _count_work(self, inputs: ModelInputs, work: dict[str, float]) -> None:
+        work["computed"] += inputs.computed_tokens
+        work["real"] += inputs.real_tokens
+        if self.flops is not None:
+            seq_lens = inputs.sequence_lengths.tolist()
+            work["flops"] += self.flops.train_flops(seq_lens, scored_tokens=int(inputs.labels.numel()))
+
+    def _perf_metrics(self, work: dict[str, float], seconds: float) -> dict[str, float]:
+        share = padding_share(int(work["computed"]), int(work["real"]))
+        local = {f"perf/padding_share/{self.role}": share}
+        if self.flops is not None:
+            peak = self.peak_flops or default_peak_flops(_compute_dtype(self.module, self.dp))
+            local[f"perf/mfu/{self.role}"] = mfu(work["flops"], seconds, peak)
+        return self.dp.mean(local) | memory_metrics()
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Full (unsharded) model, optimizer and schedule states; tensors on rank 0 only when sharded."""
+        return {
+            "model": self.dp.full_model_state(self.module),
+            "optimizer": self.dp.full_optimizer_state(self.module, self.optimizer),
+            "extra": {"lr_schedule": self.lr_schedule.state_dict(), "skipped_steps": self.skipped_steps},
+        }
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Restore `checkpoint_state()`; with a mesh, rank 0's tensors are broadcast to the others."""
+        self.dp.load_full_model_state(self.module, state["model"])
+        self.dp.load_full_optimizer_state(self.module, self.optimizer, state["optimizer"])
+        self.lr_schedule.load_state_dict(state["extra"]["lr_schedule"])
+        self.skipped_steps = state["extra"]["skipped_steps"]
+
+
+def _compute_dtype(module: nn.Module, dp: DataParallel) -> torch.dtype:
+    if dp.param_dtype:
+        return DTYPES[dp.param_dtype]
+    return next(module.parameters()).dtype
+
+
+def block_class_names(model: nn.Module) -> Sequence[str]:
+    """The classes FSDP2 shards one by one: HF's `_no_split_modules` (the decoder block)."""
+    names = getattr(model, "_no_split_modules", None)
+    if not names:
+        raise ValueError(f"{type(model).__name__} declares no _no_split_modules; cannot choose FSDP units")
+    return list(names)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each block's activations in the backward (non-reentrant torch.utils.checkpoint);
+    `activation_checkpointing_enable` in transformers ≥ 5.2x, `gradient_checkpointing_enable` before."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -1,0 +1,112 @@
+"""Layer 5, training engine: attention over packed sequences without cross-sequence work.
+
+A packed micro-batch is one sequence [1, L] holding several rows. transformers' own fallback for
+packed inputs builds a block-diagonal L×L mask and runs SDPA over the whole square: memory O(L²) and
+attention FLOPs for every pair of tokens from *different* rows, all of them masked out. This module
+registers an attention function, `stratarl_varlen_sdpa`, that reads the row boundaries from the
+flash-attention varlen keywords (`cu_seq_lens_q/k`, `max_length_q/k`, verl's `cu_seqlens`) and runs
+causal SDPA on each row's slice: attention work Σ s_i² instead of L². Without the keywords it finds
+the rows where position_ids restart, as transformers does; other inputs (padded, cached) get
+transformers' SDPA with its usual mask.
+
+On a GPU with flash-attn installed the same keywords drive `flash_attention_2`'s varlen kernel, so
+`use_varlen_attention` leaves a flash implementation in place.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "stratarl_varlen_sdpa"
+FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+
+
+def row_bounds(query: Tensor, attention_mask: Tensor | None, kwargs: dict) -> list[int] | None:
+    """[0, end of row 1, …, L] for a packed [1, L] input, None for anything else. From
+    `cu_seq_lens_q` when given, else from position_ids that restart (transformers' own rule)."""
+    bounds = kwargs.get("cu_seq_lens_q")
+    if bounds is not None:
+        return bounds.tolist()
+    position_ids = kwargs.get("position_ids")
+    if attention_mask is not None or position_ids is None or query.shape[0] != 1:
+        return None
+    positions = position_ids.reshape(-1)
+    restarts = torch.diff(positions, prepend=positions[:1] - 1) != 1  # [L] a new row starts here
+    starts = restarts.nonzero().flatten().tolist()
+    return [0, *starts, query.shape[2]] if starts else None
+
+
+def varlen_sdpa_attention(
+    module: nn.Module,
+    query: Tensor,  # [1, h_q, L, e]
+    key: Tensor,  # [1, h_kv, L, e]
+    value: Tensor,  # [1, h_kv, L, e]
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:  # [1, L, h_q, e]
+    """Causal SDPA on each packed row; transformers' SDPA for any other input."""
+    bounds = row_bounds(query, attention_mask, kwargs)
+    if bounds is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("packed rows with sliding-window attention; use the padded layout")
+    groups = query.shape[1] // key.shape[1]
+    p = dropout if module.training else 0.0
+    outputs = [
+        F.scaled_dot_product_attention(
+            query[:, :, lo:hi],
+            key[:, :, lo:hi],
+            value[:, :, lo:hi],
+            dropout_p=p,
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=groups > 1,
+        )
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _mask_unless_unpadded(
+    *args, attention_mask: Tensor | None = None, q_length: int, kv_length: int, **kwargs
+):
+    """No L×L mask when nothing is padded and there is no cache offset (causal, or packed rows that
+    the attention function separates); SDPA's mask otherwise."""
+    if attention_mask is None and q_length == kv_length:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, q_length=q_length, kv_length=kv_length, **kwargs)
+
+
+AttentionInterface.register(NAME, varlen_sdpa_attention)
+AttentionMaskInterface.register(NAME, _mask_unless_unpadded)
+
+
+def use_varlen_attention(model: nn.Module) -> None:
+    """Switch `model` (an HF model) to per-row attention on packed inputs, unless it uses flash."""
+    if model.config._attn_implementation not in FLASH:
+        model.set_attn_implementation(NAME)
+
+
+def varlen_kwargs(lengths: Tensor) -> dict[str, Tensor | int]:
+    """The varlen keywords for rows of `lengths` tokens packed back to back (empty rows dropped)."""
+    lengths = lengths[lengths > 0]
+    bounds = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=lengths.device)
+    bounds[1:] = lengths.cumsum(0)
+    longest = int(lengths.max()) if len(lengths) else 0
+    return {
+        "cu_seq_lens_q": bounds,
+        "cu_seq_lens_k": bounds,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }

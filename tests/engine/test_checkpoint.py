@@ -1,0 +1,127 @@
+"""Checkpoints: an exact resume, atomic publication, retention, HF export, and fallback past a broken one."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from stratarl.engine.actor import Actor, compute_log_probs
+from stratarl.engine.checkpoint import MANIFEST, TRACKER, CheckpointManager, checkpoint_problem
+from stratarl.engine.critic import Critic, value_model_from_causal_lm
+from tests.engine.test_critic import critic_batch, value_loss
+from tests.engine.tiny_batches import policy_gradient_loss, ragged_batch, tiny_model
+
+
+def make_roles(seed):
+    actor = Actor(
+        tiny_model(seed), lr=1e-2, micro_batch_size=4, lr_schedule="cosine", warmup_steps=1, total_steps=5
+    )
+    critic = Critic(value_model_from_causal_lm(tiny_model(seed)), lr=1e-2, micro_batch_size=4)
+    return {"actor": actor, "critic": critic}
+
+
+def step(roles, batch):
+    """One RL step whose mini-batch order draws on the global RNG (so RNG state matters)."""
+    seed = int(torch.randint(0, 1000, ()))
+    roles["actor"].update(batch, policy_gradient_loss, mini_batch_size=4, shuffle_seed=seed)
+    roles["critic"].update(batch, value_loss, mini_batch_size=4, shuffle_seed=seed)
+
+
+def params(roles):
+    return {
+        f"{r}.{n}": p.detach().clone() for r, role in roles.items() for n, p in role.module.named_parameters()
+    }
+
+
+def test_resume_gives_bit_identical_next_step(tmp_path):
+    torch.manual_seed(0)
+    roles = make_roles(seed=0)
+    batch = critic_batch(roles["critic"])
+    step(roles, batch)
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, roles, hf_policy=roles["actor"], trainer_state={"epoch": 0, "row": 8})
+    after_save = (random.random(), float(np.random.rand()))
+    step(roles, batch)
+    expected = params(roles)
+
+    random.seed(123), np.random.seed(123), torch.manual_seed(123)  # scramble every RNG
+    fresh = make_roles(seed=7)  # other initial weights, fresh optimizer and schedule
+    loaded = manager.load(fresh)
+    assert loaded.step == 1 and loaded.trainer_state == {"epoch": 0, "row": 8} and not loaded.skipped
+    assert (random.random(), float(np.random.rand())) == after_save
+    step(fresh, batch)
+    got = params(fresh)
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+    assert fresh["actor"].optimizer.param_groups[0]["lr"] == roles["actor"].optimizer.param_groups[0]["lr"]
+
+
+def test_hf_export_at_every_save_loads_with_from_pretrained(tmp_path):
+    roles = make_roles(seed=0)
+    batch = ragged_batch()
+    roles["actor"].update(batch, policy_gradient_loss, mini_batch_size=8)
+    path = CheckpointManager(tmp_path).save(3, {"actor": roles["actor"]}, hf_policy=roles["actor"])
+    loaded = AutoModelForCausalLM.from_pretrained(path / "huggingface")
+    lp, _ = compute_log_probs(loaded, batch, micro_batch_size=8, temperature=1.0)
+    torch.testing.assert_close(lp, roles["actor"].compute_log_prob(batch)[0], atol=0, rtol=0)
+
+
+def test_layout_pointer_and_retention(tmp_path):
+    actor = make_roles(seed=0)["actor"]
+    manager = CheckpointManager(tmp_path, max_to_keep=2)
+    for n in (1, 2, 3, 4):
+        manager.save(n, {"actor": actor})
+    assert manager.steps() == [4, 3] and manager.latest_pointer() == 4
+    assert (tmp_path / TRACKER).read_text() == "4\n"
+    files = {
+        p.relative_to(tmp_path / "global_step_4").as_posix() for p in (tmp_path / "global_step_4").rglob("*")
+    }
+    assert {"actor/model.pt", "actor/optimizer.pt", "actor/extra.pt", "rng/rank_0.pt", MANIFEST} <= files
+    assert not list(tmp_path.glob(".tmp-*"))
+    manager.save(4, {"actor": actor})  # saving the same step again replaces it
+    assert manager.steps() == [4, 3] and checkpoint_problem(tmp_path / "global_step_4") is None
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda d: (d / MANIFEST).unlink(), "manifest.json is missing"),
+        (lambda d: (d / "actor" / "optimizer.pt").unlink(), "actor/optimizer.pt is missing"),
+        (lambda d: (d / "actor" / "model.pt").write_bytes(b"truncated"), "actor/model.pt has 9 bytes"),
+        (lambda d: _flip_a_byte(d / "actor" / "model.pt"), "actor/model.pt does not match its sha256"),
+    ],
+)
+def test_a_broken_latest_checkpoint_is_detected_and_the_previous_one_used(tmp_path, damage, reason):
+    roles = make_roles(seed=0)
+    actor = roles["actor"]
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"actor": actor})
+    saved = {n: p.detach().clone() for n, p in actor.module.named_parameters()}
+    actor.update(ragged_batch(), policy_gradient_loss, mini_batch_size=8)
+    manager.save(2, {"actor": actor})
+    damage(tmp_path / "global_step_2")
+    fresh = make_roles(seed=3)["actor"]
+    with pytest.warns(
+        UserWarning, match=f"global_step_2 is incomplete or corrupted: {reason}.*using global_step_1"
+    ):
+        loaded = manager.load({"actor": fresh})
+    assert loaded.step == 1 and len(loaded.skipped) == 1
+    for name, tensor in fresh.module.named_parameters():
+        assert torch.equal(tensor, saved[name])
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_in_charge(tmp_path):
+    actor = make_roles(seed=0)["actor"]
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"actor": actor})
+    (tmp_path / ".tmp-global_step_2" / "actor").mkdir(parents=True)  # what a crash before publishing leaves
+    assert manager.find_latest() == (1, [])
+    assert CheckpointManager(tmp_path / "nothing").load({"actor": actor}) is None
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))

@@ -1,0 +1,100 @@
+"""Chunked head log-prob/entropy equal the naive [K, V] form (value, gradient) and keep no [K, V] tensor."""
+
+import math
+
+import pytest
+import torch
+
+from stratarl.engine.fused_head import head_scores, head_scores_naive
+
+K, D, V = 7, 5, 11
+
+
+def inputs(dtype=torch.float64, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(K, D, generator=g, dtype=dtype).requires_grad_()
+    weight = torch.randn(V, D, generator=g, dtype=dtype).requires_grad_()
+    b = torch.randn(V, generator=g, dtype=dtype).requires_grad_() if bias else None
+    labels = torch.randint(0, V, (K,), generator=g)
+    return hidden, weight, b, labels
+
+
+def value_and_grads(fn, tensors, labels, **kwargs):
+    log_prob, entropy = fn(*tensors, labels, **kwargs)
+    g = torch.Generator().manual_seed(9)
+    # an arbitrary weighting of both outputs, so both backward terms are exercised
+    total = (log_prob * torch.randn(K, generator=g, dtype=log_prob.dtype)).sum()
+    if entropy is not None:
+        total = total + (entropy * torch.randn(K, generator=g, dtype=entropy.dtype)).sum()
+    grads = torch.autograd.grad(total, [t for t in tensors if t is not None])
+    return log_prob, entropy, grads
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, K, 100])
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_chunked_equals_naive_in_value_and_gradient(chunk_size, with_entropy):
+    hidden, weight, bias, labels = inputs()
+    kwargs = dict(temperature=0.7, with_entropy=with_entropy)
+    lp, ent, grads = value_and_grads(
+        head_scores, (hidden, weight, bias), labels, chunk_size=chunk_size, **kwargs
+    )
+    lp0, ent0, grads0 = value_and_grads(head_scores_naive, (hidden, weight, bias), labels, **kwargs)
+    # The fp64 inputs stay fp64 in the matmul; the logits are then made fp32 (both forms), hence 1e-6.
+    torch.testing.assert_close(lp, lp0, atol=1e-6, rtol=1e-6)
+    assert (ent is None) == (not with_entropy)
+    if with_entropy:
+        torch.testing.assert_close(ent, ent0, atol=1e-6, rtol=1e-6)
+    for a, b in zip(grads, grads0, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_values_by_hand_for_a_two_token_vocabulary():
+    # h = [1], W = [[1], [0]] → logits (1, 0)/τ with τ = 0.5 → z = (2, 0)
+    # log π(0) = 2 − log(e² + 1); H = log(e² + 1) − 2·e²/(e² + 1)
+    hidden, weight = torch.tensor([[1.0]]), torch.tensor([[1.0], [0.0]])
+    lp, ent = head_scores(hidden, weight, None, torch.tensor([0]), temperature=0.5, with_entropy=True)
+    lse = math.log(math.e**2 + 1)
+    assert lp.item() == pytest.approx(2 - lse, abs=1e-6)
+    assert ent.item() == pytest.approx(lse - 2 * math.e**2 / (math.e**2 + 1), abs=1e-6)
+
+
+def test_frozen_weight_gets_no_gradient_and_hidden_still_does():
+    hidden, weight, _, labels = inputs(dtype=torch.float32, bias=False)
+    weight = weight.detach()
+    lp, _ = head_scores(hidden, weight, None, labels, chunk_size=2)
+    (grad,) = torch.autograd.grad(lp.sum(), [hidden])
+    lp0, _ = head_scores_naive(hidden, weight, None, labels)
+    (grad0,) = torch.autograd.grad(lp0.sum(), [hidden])
+    torch.testing.assert_close(grad, grad0, atol=1e-5, rtol=1e-5)
+
+
+def saved_bytes(fn, **kwargs):
+    """Bytes autograd keeps for the backward of fn's outputs."""
+    hidden, weight, _, labels = inputs(dtype=torch.float32, bias=False)
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(hidden, weight, None, labels, with_entropy=True, **kwargs)
+    return total
+
+
+def test_chunked_form_keeps_no_logits_for_the_backward():
+    kv_fp32 = K * V * 4
+    assert saved_bytes(head_scores_naive) >= 2 * kv_fp32  # logits and softmax, at least
+    # hidden [K, D] fp32 + weight [V, D] fp32 + labels [K] int64: nothing of size K·V
+    assert saved_bytes(head_scores, chunk_size=2) == K * D * 4 + V * D * 4 + K * 8
+
+
+def test_bad_arguments_are_rejected():
+    hidden, weight, bias, labels = inputs()
+    with pytest.raises(ValueError, match="temperature"):
+        head_scores(hidden, weight, bias, labels, temperature=0.0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        head_scores(hidden, weight, bias, labels, chunk_size=0)
+    with pytest.raises(ValueError, match="labels"):
+        head_scores(hidden, weight, bias, labels[:3])

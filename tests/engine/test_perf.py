@@ -1,0 +1,60 @@
+"""Model FLOP counts by hand, the MFU arithmetic, the cached matmul peak and the memory metrics."""
+
+import pytest
+import torch
+
+from stratarl.engine.perf import (
+    CPU_PEAK_FLOPS_PER_THREAD,
+    ModelFlops,
+    default_peak_flops,
+    measured_matmul_peak,
+    memory_metrics,
+    mfu,
+)
+from tests.engine.tiny_batches import tiny_config
+
+
+def test_flop_coefficients_from_a_config_by_hand():
+    # d=16, 1 block, 2 query heads of e=8, 1 kv head, f=32, V=32:
+    # q 16·16 + k,v 2·16·8 + o 16·16 + mlp 3·16·32 = 256 + 256 + 256 + 1536 = 2304
+    flops = ModelFlops.from_config(tiny_config(layers=1))
+    assert flops.block_params == 2304 and flops.head_params == 16 * 32 and flops.attention_coeff == 4 * 2 * 8
+    # two rows of 3 and 5 tokens, 4 scored: 2·2304·8 + 2·512·4 + 64·(9 + 25)
+    assert flops.forward_flops([3, 5], scored_tokens=4) == 36864 + 4096 + 2176
+    assert flops.train_flops([3, 5], scored_tokens=4) == 3 * (36864 + 4096 + 2176)
+    assert ModelFlops.from_config(tiny_config(layers=3), head_outputs=1).head_params == 16
+
+
+def test_block_params_match_the_model_matmul_weights():
+    from transformers import Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(tiny_config(layers=2))
+    matmul = sum(p.numel() for n, p in model.model.layers.named_parameters() if n.endswith("proj.weight"))
+    assert ModelFlops.from_config(model.config).block_params == matmul
+
+
+def test_mfu_is_achieved_over_peak():
+    assert mfu(flops=6e9, seconds=2.0, peak_flops=6e9) == pytest.approx(0.5)
+    assert mfu(flops=1.0, seconds=0.0, peak_flops=1.0) == 0.0
+
+
+def test_default_cpu_peak_scales_the_reference_table_with_threads():
+    if torch.cuda.is_available():
+        pytest.skip("on GPU the default is measured")
+    assert default_peak_flops(torch.float32) == 96e9 * torch.get_num_threads()
+    assert (
+        default_peak_flops(torch.bfloat16)
+        == CPU_PEAK_FLOPS_PER_THREAD[torch.bfloat16] * torch.get_num_threads()
+    )
+
+
+def test_matmul_peak_is_measured_once_and_cached():
+    first = measured_matmul_peak(torch.float32, "cpu", 64)
+    assert first > 0 and measured_matmul_peak(torch.float32, "cpu", 64) == first
+    assert measured_matmul_peak.cache_info().hits >= 1
+
+
+def test_memory_metrics_report_gigabytes():
+    metrics = memory_metrics()
+    assert set(metrics) == {"perf/max_memory_allocated_gb", "perf/cpu_memory_used_gb"}
+    assert 0 < metrics["perf/cpu_memory_used_gb"] < 1024 and metrics["perf/max_memory_allocated_gb"] > 0
