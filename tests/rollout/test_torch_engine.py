@@ -1,5 +1,5 @@
-"""The torch backend: log-probs equal a teacher-forced recompute, greedy equals HF `generate`, seeds,
-stop/length finish reasons, padding and finished-row invariance, top_k=1 = greedy, chunking."""
+"""The torch backend: log-probs equal a teacher-forced fp32 recompute, greedy equals HF `generate`, seeds,
+stop/length finish reasons, padding and finished-row invariance, top_k=1 = greedy, bounded batches."""
 
 import pytest
 import torch

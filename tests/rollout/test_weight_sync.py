@@ -1,16 +1,23 @@
-"""Weight sync into the rollout engine: versions bump and are recorded, strict keys, outputs change,
-and a load that does not land in the served model is caught."""
+"""Weight sync into the rollout engine: versions bump and are recorded, strict keys, outputs change;
+bounded buckets that reassemble exactly, partial updates; and every silent failure caught: a load that
+does not land, a lost bucket, a copy of the model updated, a replica keeping its old version, weights
+corrupted in transit."""
 
 import pytest
 import torch
 from torch import nn
 
 from stratarl.rollout.interface import GenerationRequest, SamplingParams
+from stratarl.rollout.torch_engine import TorchRolloutEngine
 from stratarl.rollout.weight_sync import (
+    TensorSlice,
+    WeightReceiver,
     WeightSyncError,
+    bucket_state_dict,
     check_state_dict_keys,
     load_in_place,
     parameter_checksum,
+    push_weights,
 )
 from tests.rollout.tiny_lm import build_tiny_qwen2
 
@@ -107,3 +114,121 @@ def test_a_load_that_does_not_land_is_caught():
 def test_checksum_hand_case():
     # Σ (x + |x|) over [1, -2] and [3] = (1 - 2 + 1 + 2) + (3 + 3) = 8
     assert parameter_checksum({"a": torch.tensor([1.0, -2.0]), "b": torch.tensor([3.0])}) == 8.0
+
+
+# --- bucketed sync ---------------------------------------------------------------------------------
+
+
+def test_buckets_are_bounded_and_reassemble_the_state_dict():
+    state = build_tiny_qwen2(seed=1).state_dict()
+    bound = 3000  # bytes; the 64x32 fp32 embedding (8 KiB) must be cut into row slices
+    buckets = list(bucket_state_dict(state, bound))
+    assert all(sum(p.nbytes for p in b) <= bound for b in buckets)
+    assert len(buckets) > 1
+    pieces: dict[str, list] = {}
+    for bucket in buckets:
+        for piece in bucket:
+            pieces.setdefault(piece.name, []).append(piece)
+    assert list(pieces) == list(state)  # every tensor, in order
+    for name, parts in pieces.items():
+        assert [p.start for p in parts] == sorted(p.start for p in parts)
+        assert all(p.total_rows == (state[name].shape[0] if state[name].dim() else 1) for p in parts)
+        assert torch.equal(
+            torch.cat([p.tensor for p in parts]) if len(parts) > 1 else parts[0].tensor, state[name]
+        )
+
+
+def test_small_buckets_load_the_same_weights_as_one_bucket(make_engine):
+    trained = build_tiny_qwen2(seed=1).state_dict()
+    small, whole = make_engine(build_tiny_qwen2(seed=0)), make_engine(build_tiny_qwen2(seed=0))
+    small.load_weights(trained, version=1, bucket_bytes=512)
+    whole.load_weights(trained, version=1, bucket_bytes=2**30)
+    for (k, a), b in zip(small.model.state_dict().items(), whole.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+
+
+def test_a_partial_update_replaces_only_what_was_sent(make_engine):
+    model = build_tiny_qwen2(seed=0)
+    engine = make_engine(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    name = "model.layers.0.self_attn.q_proj.weight"
+    sent = {name: build_tiny_qwen2(seed=1).state_dict()[name]}
+    with pytest.raises(WeightSyncError, match="missing keys"):  # a full update must send everything
+        engine.load_weights(sent, version=1)
+    report = engine.load_weights(sent, version=1, partial=True)
+    assert report.num_tensors == 1 and engine.weight_version == 1
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, sent[name]) if k == name else torch.equal(v, before[k])
+
+
+def test_a_lost_bucket_is_detected_and_the_engine_refuses_to_serve_mixed_weights(make_engine):
+    engine = make_engine(build_tiny_qwen2(seed=0))
+    trained = build_tiny_qwen2(seed=1).state_dict()
+    buckets = list(bucket_state_dict(trained, 4096))
+    engine.begin_weight_update(1)
+    for bucket in buckets[:-1]:  # the last bucket never arrives
+        engine.receive_weights(bucket)
+    with pytest.raises(WeightSyncError, match="incomplete"):
+        engine.finish_weight_update()
+    assert engine.weight_version == 0
+    with pytest.raises(WeightSyncError, match="served weights are mixed"):
+        engine.generate(GREEDY_REQUESTS)
+    engine.load_weights(trained, version=1)  # a complete sync recovers
+    assert engine.generate(GREEDY_REQUESTS)[0].weight_version == 1
+
+
+class StateDictOfCopies(nn.Linear):
+    """A module whose state_dict hands out copies: loads into it land nowhere (like a stale replica)."""
+
+    def __init__(self):
+        super().__init__(3, 2)
+        self._register_state_dict_hook(
+            lambda module, state, prefix, meta: {k: v.clone() for k, v in state.items()}
+        )
+
+
+def test_weights_copied_into_a_copy_of_the_model_are_caught():
+    model = StateDictOfCopies()
+    receiver = WeightReceiver(model, version=1)
+    receiver.receive(
+        [TensorSlice(k, 0, torch.ones_like(v), v.shape[0]) for k, v in model.state_dict().items()]
+    )
+    with pytest.raises(WeightSyncError, match="did not land in the served model"):
+        receiver.finish()
+
+
+class KeepsOldVersion(TorchRolloutEngine):
+    """Fault injection: verifies and acknowledges a sync, but keeps serving the old version."""
+
+    def finish_weight_update(self):
+        report = self._receiver.finish()
+        self._receiver = None
+        return report
+
+
+class CorruptingLink:
+    """Fault injection: the transport adds 1 to the final norm's weights on their way to the replica."""
+
+    def __init__(self, replica):
+        self.replica = replica
+        self.replica_id = replica.replica_id
+
+    def __getattr__(self, name):
+        return getattr(self.replica, name)
+
+    def receive_weights(self, bucket):
+        bent = [
+            TensorSlice(p.name, p.start, p.tensor + (p.name == "model.norm.weight"), p.total_rows)
+            for p in bucket
+        ]
+        self.replica.receive_weights(bent)
+
+
+def test_a_replica_that_keeps_its_old_version_or_gets_corrupted_weights_is_caught():
+    trained = build_tiny_qwen2(seed=1).state_dict()
+    stale = KeepsOldVersion(build_tiny_qwen2(seed=0), eos_token_ids=2, pad_token_id=3, replica_id=7)
+    with pytest.raises(WeightSyncError, match=r"replica 7 serves version 0 .* after a sync to version 1"):
+        push_weights(trained, [stale], version=1)
+    link = CorruptingLink(TorchRolloutEngine(build_tiny_qwen2(seed=0), eos_token_ids=2, pad_token_id=3))
+    with pytest.raises(WeightSyncError, match=r"received checksum .* sender sent"):
+        push_weights(trained, [link], version=1)

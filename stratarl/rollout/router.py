@@ -1,0 +1,154 @@
+"""Layer 5, rollout: several engine replicas behind one engine interface, least-loaded with sticky sessions.
+
+Routing rule for each request, in order:
+  1. a session already served stays on its replica (every turn of a trajectory goes to the same
+     replica, whose `PrefixStore` holds the session's KV);
+  2. in a batch, requests with the same prompt (a GRPO group) go together to one replica, so the
+     prompt is prefilled once there;
+  3. otherwise the replica with the least load: requests in flight through this router, plus
+     those placed earlier in the same batch.
+Replicas are in-process engines now (each runs on its own background thread); a Ray actor exposing
+the same methods can stand in for one later. Weight sync goes to every replica, checked per replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from torch import Tensor
+
+from stratarl.rollout.interface import GenerationRequest, GenerationResult
+from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightLoadReport, WeightSyncError, push_weights
+
+
+class Replica(Protocol):
+    """An engine the router can use (`TorchRolloutEngine`, `VllmRolloutEngine`)."""
+
+    replica_id: int
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
+
+    async def generate_async(self, request: GenerationRequest) -> GenerationResult: ...
+
+
+class RolloutRouter:
+    """A `RolloutEngine` that spreads requests over `replicas` (whose replica ids must differ).
+
+    max_sessions: sessions remembered for stickiness (least recently used forgotten first).
+    """
+
+    def __init__(self, replicas: Sequence[Replica], *, max_sessions: int = 100_000) -> None:
+        ids = [r.replica_id for r in replicas]
+        if not replicas or len(set(ids)) != len(ids):
+            raise ValueError(f"a router needs at least one replica, with distinct replica ids; got {ids}")
+        self.replicas = list(replicas)
+        self.max_sessions = max_sessions
+        self._in_flight = [0] * len(replicas)
+        self._sessions: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def weight_version(self) -> int:
+        versions = {r.weight_version for r in self.replicas}
+        if len(versions) != 1:
+            raise WeightSyncError(f"replicas serve different weight versions: {sorted(versions)}")
+        return versions.pop()
+
+    @property
+    def in_flight(self) -> list[int]:
+        return list(self._in_flight)
+
+    def replica_for_session(self, session_id: str) -> int | None:
+        return self._sessions.get(session_id)
+
+    # --- routing -------------------------------------------------------------------------------
+    def route(self, requests: Sequence[GenerationRequest]) -> list[int]:
+        """The replica index of each request (rules in the module doc); counts them as in flight."""
+        with self._lock:
+            load = list(self._in_flight)
+            by_prompt: dict[tuple[int, ...], int] = {}
+            chosen = []
+            for request in requests:
+                index = self._sessions.get(request.session_id) if request.session_id is not None else None
+                if index is None:
+                    index = by_prompt.get(request.prompt_ids)
+                if index is None:
+                    index = min(range(len(load)), key=lambda i: (load[i], i))
+                by_prompt.setdefault(request.prompt_ids, index)
+                if request.session_id is not None:
+                    self._remember(request.session_id, index)
+                load[index] += 1
+                chosen.append(index)
+            self._in_flight = load
+            return chosen
+
+    def _remember(self, session_id: str, index: int) -> None:
+        self._sessions[session_id] = index
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+
+    def _done(self, index: int, count: int = 1) -> None:
+        with self._lock:
+            self._in_flight[index] -= count
+
+    # --- generation ----------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Route the batch, run each replica's share concurrently; results in request order."""
+        chosen = self.route(requests)
+        shares: dict[int, list[int]] = {}
+        for position, index in enumerate(chosen):
+            shares.setdefault(index, []).append(position)
+        results: list[GenerationResult | None] = [None] * len(requests)
+
+        def run(index: int) -> None:
+            try:
+                share = shares[index]
+                for position, result in zip(
+                    share, self.replicas[index].generate([requests[p] for p in share]), strict=True
+                ):
+                    results[position] = result
+            finally:
+                self._done(index, len(shares[index]))
+
+        with ThreadPoolExecutor(max_workers=max(1, len(shares))) as pool:
+            for future in [pool.submit(run, index) for index in shares]:
+                future.result()
+        return results  # type: ignore[return-value]
+
+    async def generate_async(self, request: GenerationRequest) -> GenerationResult:
+        (index,) = self.route([request])
+        try:
+            return await self.replicas[index].generate_async(request)
+        finally:
+            self._done(index)
+
+    def generate_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Every request through the async path at once (what an agent loop does), in order."""
+
+        async def run_all() -> list[GenerationResult]:
+            return list(await asyncio.gather(*(self.generate_async(r) for r in requests)))
+
+        return asyncio.run(run_all())
+
+    # --- weights -------------------------------------------------------------------------------
+    def load_weights(
+        self,
+        state_dict: Mapping[str, Tensor],
+        version: int,
+        *,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        partial: bool = False,
+    ) -> list[WeightLoadReport]:
+        """Push to every replica in buckets; each must then serve `version` with what was sent."""
+        return push_weights(
+            state_dict, self.replicas, version=version, bucket_bytes=bucket_bytes, partial=partial
+        )
