@@ -69,9 +69,15 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
 def set_limits(config: dict) -> None:
-    """Kernel-enforced ceilings; soft == hard so the program cannot raise them back."""
+    """Kernel-enforced ceilings; soft == hard so the program cannot raise them back.
+
+    The CPU limit is the exception: soft = cpu_seconds sends SIGXCPU (reported as "timeout"), and the
+    hard limit one second later SIGKILLs a program that catches it. With soft == hard the kernel may
+    deliver SIGKILL first, and a CPU timeout would be indistinguishable from an out-of-memory kill.
+    """
+    cpu = config["cpu_seconds"]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     limits = {
-        resource.RLIMIT_CPU: config["cpu_seconds"],
         resource.RLIMIT_AS: config["memory_bytes"],
         resource.RLIMIT_FSIZE: config["file_bytes"],
         resource.RLIMIT_NOFILE: config["open_files"],
