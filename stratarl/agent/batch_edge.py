@@ -18,6 +18,7 @@ from torch import Tensor
 
 from stratarl.agent.trajectory import Trajectory
 from stratarl.reward.token_scores import place_on_last_token
+from stratarl.transport.batch_edge import lay_out_batch_edge, padded_length
 
 
 def trajectories_to_batch(
@@ -35,33 +36,19 @@ def trajectories_to_batch(
     a given maximum raises ValueError naming the request."""
     if not trajectories:
         raise ValueError("trajectories_to_batch needs at least one trajectory")
-    P = _length([t.prompt_ids for t in trajectories], max_prompt_len, "prompt", trajectories)
-    T = _length([t.response_ids for t in trajectories], max_response_len, "response", trajectories)
-    N = len(trajectories)
-    prompts = torch.full((N, P), pad_token_id, dtype=torch.int64)
-    prompt_mask = torch.zeros((N, P), dtype=torch.int64)
-    responses = torch.full((N, T), pad_token_id, dtype=torch.int64)
-    response_attention = torch.zeros((N, T), dtype=torch.int64)
-    response_mask = torch.zeros((N, T), dtype=torch.int64)
-    log_probs = torch.zeros((N, T), dtype=torch.float32)
-    for i, t in enumerate(trajectories):
-        p, r = len(t.prompt_ids), len(t.response_ids)
-        prompts[i, P - p :] = torch.tensor(t.prompt_ids, dtype=torch.int64)
-        prompt_mask[i, P - p :] = 1
-        responses[i, :r] = torch.tensor(t.response_ids, dtype=torch.int64)
-        response_attention[i, :r] = 1
-        response_mask[i, :r] = torch.tensor(t.response_mask, dtype=torch.int64)
-        log_probs[i, :r] = torch.tensor(t.response_log_probs, dtype=torch.float32)
-    log_probs = log_probs * response_mask  # 0 under mask 0, whatever a trajectory carried
-    attention_mask = torch.cat([prompt_mask, response_attention], dim=-1)  # [N, P+T]
-    batch = {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=-1),
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(dim=-1) - 1).clamp(min=0),
-        "response_mask": response_mask,
-        "rollout_log_probs": log_probs,
+    names = [t.request_id for t in trajectories]
+    prompt_ids, response_ids = [t.prompt_ids for t in trajectories], [t.response_ids for t in trajectories]
+    batch = lay_out_batch_edge(
+        prompt_ids,
+        response_ids,
+        pad_token_id=pad_token_id,
+        prompt_len=padded_length(prompt_ids, max_prompt_len, "prompt", names),
+        response_len=padded_length(response_ids, max_response_len, "response", names),
+        action_mask=[t.response_mask for t in trajectories],
+        log_probs=[t.response_log_probs for t in trajectories],
+    )
+    response_mask = batch["response_mask"]
+    batch |= {
         "num_turns": torch.tensor([t.num_turns for t in trajectories], dtype=torch.int64),
         "weight_version": torch.tensor([_version(t) for t in trajectories], dtype=torch.int64),
     }
@@ -74,15 +61,3 @@ def trajectories_to_batch(
 def _version(trajectory: Trajectory) -> int:
     versions = [turn.weight_version for turn in trajectory.turns if turn.weight_version is not None]
     return max(versions) if versions else 0
-
-
-def _length(
-    sequences: Sequence[Sequence[int]], limit: int | None, what: str, trajectories: Sequence[Trajectory]
-) -> int:
-    longest = max(len(s) for s in sequences)
-    if limit is None:
-        return max(longest, 1)
-    too_long = [t.request_id for t, s in zip(trajectories, sequences, strict=True) if len(s) > limit]
-    if too_long:
-        raise ValueError(f"{what} longer than max_{what}_len={limit} in requests {too_long[:10]}")
-    return limit

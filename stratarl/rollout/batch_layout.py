@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from stratarl.rollout.interface import GenerationResult
+from stratarl.transport.batch_edge import lay_out_batch_edge, padded_length
 
 
 def results_to_batch(
@@ -32,44 +33,19 @@ def results_to_batch(
     """
     if not results:
         raise ValueError("results_to_batch needs at least one result")
-    P = _padded_length([r.prompt_ids for r in results], max_prompt_len, "prompt", results)
-    T = _padded_length([r.response_ids for r in results], max_response_len, "response", results)
-    N = len(results)
-    prompts = torch.full((N, P), pad_token_id, dtype=torch.int64)
-    prompt_mask = torch.zeros((N, P), dtype=torch.int64)
-    responses = torch.full((N, T), pad_token_id, dtype=torch.int64)
-    response_mask = torch.zeros((N, T), dtype=torch.int64)
-    rollout_log_probs = torch.zeros((N, T), dtype=torch.float32)
-    for i, r in enumerate(results):
-        p, t = len(r.prompt_ids), len(r.response_ids)
-        prompts[i, P - p :] = torch.tensor(r.prompt_ids, dtype=torch.int64)
-        prompt_mask[i, P - p :] = 1
-        responses[i, :t] = torch.tensor(r.response_ids, dtype=torch.int64)
-        response_mask[i, :t] = 1
-        rollout_log_probs[i, :t] = torch.tensor(r.log_probs, dtype=torch.float32)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=-1)  # [N, P+T]
-    return {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=-1),
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(dim=-1) - 1).clamp(min=0),
-        "response_mask": response_mask,
-        "rollout_log_probs": rollout_log_probs,
+    names = [r.request_id for r in results]
+    prompt_ids, response_ids = [r.prompt_ids for r in results], [r.response_ids for r in results]
+    batch: dict[str, Tensor | list] = lay_out_batch_edge(
+        prompt_ids,
+        response_ids,
+        pad_token_id=pad_token_id,
+        prompt_len=padded_length(prompt_ids, max_prompt_len, "prompt", names),
+        response_len=padded_length(response_ids, max_response_len, "response", names),
+        log_probs=[r.log_probs for r in results],
+    )
+    return batch | {
         "weight_version": torch.tensor([r.weight_version for r in results], dtype=torch.int64),
         "request_id": [r.request_id for r in results],
         "finish_reason": [r.finish_reason for r in results],
         "replica_id": [r.replica_id for r in results],
     }
-
-
-def _padded_length(
-    sequences: Sequence[Sequence[int]], limit: int | None, what: str, results: Sequence[GenerationResult]
-) -> int:
-    longest = max(len(s) for s in sequences)
-    if limit is None:
-        return longest
-    too_long = [r.request_id for r, s in zip(results, sequences, strict=True) if len(s) > limit]
-    if too_long:
-        raise ValueError(f"{what} longer than max_{what}_len={limit} in requests {too_long[:10]}")
-    return limit

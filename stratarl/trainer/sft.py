@@ -16,13 +16,15 @@ import torch
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import RunConfig, save_resolved_config
-from stratarl.data.collate import left_pad
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.run_log import RunLog
 from stratarl.trainer import builders
 from stratarl.trainer.validation import evaluate_accuracy
+from stratarl.transport.batch_edge import lay_out_batch_edge
 from stratarl.transport.data_proto import DataProto
+
+MODEL_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
 def sft_loss(micro: DataProto, scores, totals) -> tuple[torch.Tensor, dict[str, float]]:
@@ -50,26 +52,15 @@ def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer: Any) -> Dat
     items = [dataset[i] for i in indices]
     eos = tokenizer.eos_token_id
     targets = [[*tokenizer.encode(reference_response(it), add_special_tokens=False), eos] for it in items]
-    pad = tokenizer.pad_token_id
-    prompts = left_pad([it.prompt_ids for it in items], pad_token_id=pad)  # [B, P]
-    P, T = prompts.shape[1], max(len(t) for t in targets)
-    prompt_len = torch.tensor([len(it.prompt_ids) for it in items])
-    prompt_mask = (torch.arange(P)[None] >= (P - prompt_len)[:, None]).long()
-    responses = torch.full((len(items), T), pad, dtype=torch.long)
-    response_mask = torch.zeros((len(items), T), dtype=torch.long)
-    for i, target in enumerate(targets):
-        responses[i, : len(target)] = torch.tensor(target)
-        response_mask[i, : len(target)] = 1
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    return DataProto.from_dict(
-        {
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
-            "responses": responses,
-            "response_mask": response_mask,
-        }
+    prompt_ids = [list(it.prompt_ids) for it in items]
+    columns = lay_out_batch_edge(
+        prompt_ids,
+        targets,
+        pad_token_id=tokenizer.pad_token_id,
+        prompt_len=max(len(p) for p in prompt_ids),
+        response_len=max(len(t) for t in targets),
     )
+    return DataProto.from_dict({k: columns[k] for k in (*MODEL_COLUMNS,)})
 
 
 def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker:
