@@ -47,9 +47,7 @@ def _sft(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from stratarl.data.tasks.arithmetic import run_from_args
-
-    return run_from_args(args)
+    return args.task_module.run_from_args(args)
 
 
 def _explain_field(args: argparse.Namespace) -> int:
@@ -99,11 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     data_commands = data.add_subparsers(dest="data_command", required=True)
     make = data_commands.add_parser("make", help="make a dataset")
     make_tasks = make.add_subparsers(dest="task", required=True)
-    from stratarl.data.tasks.arithmetic import add_arguments
+    from stratarl.data.tasks import arithmetic, tool_arithmetic
 
-    arithmetic = make_tasks.add_parser("arithmetic", help="integer arithmetic with train and test splits")
-    add_arguments(arithmetic)
-    arithmetic.set_defaults(handler=_data)
+    tasks = {
+        "arithmetic": (arithmetic, "integer arithmetic with train and test splits"),
+        "tool_arithmetic": (tool_arithmetic, "multiplication that needs a calculator tool, with tools.yaml"),
+    }
+    for name, (module, help_text) in tasks.items():
+        task = make_tasks.add_parser(name, help=help_text)
+        module.add_arguments(task)
+        task.set_defaults(handler=_data, task_module=module)
 
     explain = commands.add_parser("explain-field", help="print the contract of a standard batch field")
     explain.add_argument("name", help="field name, e.g. response_mask")

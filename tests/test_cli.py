@@ -5,7 +5,17 @@ import pytest
 from stratarl.cli import main
 
 
-@pytest.mark.parametrize("command", [[], ["quickstart"], ["train"], ["sft"], ["data", "make", "arithmetic"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["quickstart"],
+        ["train"],
+        ["sft"],
+        ["data", "make", "arithmetic"],
+        ["data", "make", "tool_arithmetic"],
+    ],
+)
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--help"])
@@ -26,3 +36,11 @@ def test_data_make_arithmetic_writes_train_and_test(tmp_path):
         main(["data", "make", "arithmetic", "--out", str(tmp_path), "--n-train", "20", "--n-test", "5"]) == 0
     )
     assert (tmp_path / "train.parquet").exists() and (tmp_path / "test.parquet").exists()
+
+
+def test_data_make_tool_arithmetic_writes_parquet_and_tools(tmp_path):
+    assert (
+        main(["data", "make", "tool_arithmetic", "--out", str(tmp_path), "--n-train", "8", "--n-test", "4"])
+        == 0
+    )
+    assert {"train.parquet", "test.parquet", "tools.yaml"} <= {p.name for p in tmp_path.iterdir()}
