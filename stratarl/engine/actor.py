@@ -62,13 +62,22 @@ def _score_batch(
     *,
     temperature: float,
     with_entropy: bool,
+    with_sum_pi_squared: bool = False,
     context: AbstractContextManager | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """[N, T] log-probs (and entropies) without gradients, 0 outside response_mask."""
+) -> dict[str, Tensor]:
+    """[N, T] columns without gradients, 0 outside response_mask: `log_prob`, and `entropy` /
+    `sum_pi_squared` when asked for."""
 
     def score(inputs):
-        scores = module.score(inputs, temperature=temperature, with_entropy=with_entropy)
-        return {"log_prob": scores.log_prob} | ({"entropy": scores.entropy} if with_entropy else {})
+        scores = module.score(
+            inputs,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            with_sum_pi_squared=with_sum_pi_squared,
+        )
+        columns = {"log_prob": scores.log_prob, "entropy": scores.entropy}
+        columns["sum_pi_squared"] = scores.sum_pi_squared
+        return {name: value for name, value in columns.items() if value is not None}
 
     was_training = module.training
     module.eval()
@@ -76,7 +85,7 @@ def _score_batch(
         out = run_in_micro_batches(batch, batching, dp, score)
     module.train(was_training)
     mask = batch["response_mask"].to(torch.float32)
-    return out["log_prob"] * mask, out["entropy"] * mask if with_entropy else None
+    return {name: value * mask for name, value in out.items()}
 
 
 def compute_log_probs(
@@ -94,9 +103,10 @@ def compute_log_probs(
     lm = causal_lm_of(model)
     scorer = PolicyScorer(lm, logit_chunk_size=logit_chunk_size)
     batching = _batching(lm, micro_batch_size, max_tokens_per_micro_batch, layout)
-    return _score_batch(
+    out = _score_batch(
         scorer, batch, batching, DataParallel(), temperature=temperature, with_entropy=with_entropy
     )
+    return out["log_prob"], out.get("entropy")
 
 
 class Actor(TrainingEngine):
@@ -176,6 +186,14 @@ class Actor(TrainingEngine):
         self, batch: DataProto, *, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """[N, T] log π_θ (old_log_probs) and entropies, no gradients, 0 outside response_mask."""
+        out = self.score_responses(batch, with_entropy=with_entropy)
+        return out["log_prob"], out.get("entropy")
+
+    def score_responses(
+        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> dict[str, Tensor]:
+        """One no-grad forward: [N, T] `log_prob`, plus `entropy` and `sum_pi_squared` (Σ_v π(v)²,
+        for the optimal-token-baseline estimators) when asked for; 0 outside response_mask."""
         return _score_batch(
             self.module,
             batch,
@@ -183,6 +201,7 @@ class Actor(TrainingEngine):
             self.dp,
             temperature=self.temperature,
             with_entropy=with_entropy,
+            with_sum_pi_squared=with_sum_pi_squared,
         )
 
     # --- weights out -----------------------------------------------------------------------------
@@ -257,7 +276,7 @@ class Reference:
         return self.batching.micro_batch_size
 
     def compute_log_prob(self, batch: DataProto) -> Tensor:
-        log_prob, _ = _score_batch(
+        return _score_batch(
             self.module,
             batch,
             self.batching,
@@ -265,5 +284,4 @@ class Reference:
             temperature=self.temperature,
             with_entropy=False,
             context=self._context(),
-        )
-        return log_prob
+        )["log_prob"]

@@ -212,10 +212,17 @@ class CheckpointManager:
             skipped.append(f"checkpoint {directory} is incomplete or corrupted: {problem}")
         return None, skipped
 
-    def load(self, roles: dict[str, Any]) -> LoadedCheckpoint | None:
-        """Restore the newest complete checkpoint into `roles` and the RNG states; None if there is
-        none. Skipped checkpoints are reported with a warning naming the one used instead."""
-        found = self.dp.broadcast_object(self.find_latest() if self.dp.rank == 0 else None)
+    def load(self, roles: dict[str, Any], *, step: int | None = None) -> LoadedCheckpoint | None:
+        """Restore the newest complete checkpoint (or checkpoint `step`, which must be complete) into
+        `roles` and the RNG states; None if there is none. Skipped checkpoints are reported with a
+        warning naming the one used instead."""
+        if step is not None:
+            problem = checkpoint_problem(self.step_dir(step)) if self.step_dir(step).is_dir() else "missing"
+            if problem is not None:
+                raise ValueError(f"checkpoint {self.step_dir(step)} cannot be loaded: {problem}")
+            found = (step, [])
+        else:
+            found = self.dp.broadcast_object(self.find_latest() if self.dp.rank == 0 else None)
         step, skipped = found
         for message in skipped:
             used = f"using global_step_{step}" if step is not None else "no complete checkpoint remains"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModelForTokenClassification
 
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.forward import ValueScorer, ValueScores
@@ -49,9 +49,9 @@ def value_model_from_causal_lm(lm: nn.Module, *, head_init_std: float | None = N
 
 def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """An HF directory (a causal LM or a saved critic) as a one-output token-classification model."""
-    return AutoModelForTokenClassification.from_pretrained(
-        str(path), num_labels=1, dtype=dtype, classifier_dropout=0.0
-    )
+    config = AutoConfig.from_pretrained(str(path))
+    config.num_labels, config.classifier_dropout = 1, 0.0  # set on the config: not every model's kwarg
+    return AutoModelForTokenClassification.from_pretrained(str(path), config=config, dtype=dtype)
 
 
 class Critic(TrainingEngine):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from stratarl.engine.fused_head import LOGIT_CHUNK_SIZE, head_scores, head_scores_naive
+from stratarl.engine.fused_head import LOGIT_CHUNK_SIZE, head_scores, head_scores_naive, head_sum_pi_squared
 from stratarl.engine.packing import ModelInputs
 from stratarl.engine.varlen_attention import use_varlen_attention
 
@@ -25,6 +25,7 @@ from stratarl.engine.varlen_attention import use_varlen_attention
 class ResponseScores:
     log_prob: Tensor  # [m, T], 0 where no response token
     entropy: Tensor | None  # [m, T], when asked for
+    sum_pi_squared: Tensor | None = None  # [m, T] Σ_v π(v)², when asked for (OTB estimators)
 
 
 @dataclass
@@ -65,21 +66,49 @@ class PolicyScorer(nn.Module):
         self.autocast_dtype = autocast_dtype
 
     def forward(
-        self, inputs: ModelInputs, *, temperature: float, with_entropy: bool
-    ) -> tuple[Tensor, Tensor | None]:  # [K], [K]
+        self,
+        inputs: ModelInputs,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        with_sum_pi_squared: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:  # [K] log π, [K] H, [K] Σπ²
         hidden = _hidden_states(self.lm.get_decoder(), inputs, self.autocast_dtype)
         head = self.lm.get_output_embeddings()
         kwargs = dict(temperature=temperature, with_entropy=with_entropy)
         if self.logit_chunk_size is None:
-            return head_scores_naive(hidden, head.weight, head.bias, inputs.labels, **kwargs)
-        return head_scores(
-            hidden, head.weight, head.bias, inputs.labels, chunk_size=self.logit_chunk_size, **kwargs
+            log_prob, entropy = head_scores_naive(hidden, head.weight, head.bias, inputs.labels, **kwargs)
+        else:
+            log_prob, entropy = head_scores(
+                hidden, head.weight, head.bias, inputs.labels, chunk_size=self.logit_chunk_size, **kwargs
+            )
+        sum_pi_squared = (
+            head_sum_pi_squared(
+                hidden, head.weight, head.bias, temperature=temperature, chunk_size=self.logit_chunk_size
+            )
+            if with_sum_pi_squared
+            else None
         )
+        return log_prob, entropy, sum_pi_squared
 
-    def score(self, inputs: ModelInputs, *, temperature: float, with_entropy: bool) -> ResponseScores:
-        log_prob, entropy = self(inputs, temperature=temperature, with_entropy=with_entropy)
+    def score(
+        self,
+        inputs: ModelInputs,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        with_sum_pi_squared: bool = False,
+    ) -> ResponseScores:
+        log_prob, entropy, sum_pi_squared = self(
+            inputs,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            with_sum_pi_squared=with_sum_pi_squared,
+        )
         return ResponseScores(
-            log_prob=inputs.to_grid(log_prob), entropy=inputs.to_grid(entropy) if with_entropy else None
+            log_prob=inputs.to_grid(log_prob),
+            entropy=inputs.to_grid(entropy) if with_entropy else None,
+            sum_pi_squared=inputs.to_grid(sum_pi_squared) if with_sum_pi_squared else None,
         )
 
 

@@ -13,6 +13,9 @@ so the extra memory is O(chunk_size·V) instead of O(K·V) for logits, softmax a
 (verl's `use_fused_kernels`, `linear_cross_entropy`, is the GPU kernel of the same idea). Only the
 K positions that score a response token go through the head: prompt positions never make logits.
 `head_scores_naive` is the plain form, the reference for tests and benchmarks.
+
+`head_sum_pi_squared` gives Σ_v π(v)² at each position (no gradient), the statistic the optimal-token-
+baseline estimators weight paths with (`algo/advantages/optimal_token_baseline.py`), chunked the same way.
 """
 
 from __future__ import annotations
@@ -116,3 +119,22 @@ def head_scores_naive(
     logits = F.linear(hidden.to(weight.dtype), weight, bias).float() / temperature  # [K, V]
     entropy = entropy_from_logits(logits) if with_entropy else None
     return log_prob_from_logits(logits, labels), entropy
+
+
+@torch.no_grad()
+def head_sum_pi_squared(
+    hidden: Tensor,  # [K, d]
+    weight: Tensor,  # [V, d]
+    bias: Tensor | None,  # [V]
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = LOGIT_CHUNK_SIZE,
+) -> Tensor:  # [K] Σ_v π(v)², fp32, in (0, 1]
+    """Σ_v softmax(z)_v² of the temperature-scaled logits z, `chunk_size` rows at a time (None: all)."""
+    num = hidden.shape[0]
+    out = hidden.new_empty(num, dtype=torch.float32)
+    step = chunk_size or max(num, 1)
+    for lo in range(0, num, step):
+        p = torch.softmax(_logits(hidden[lo : lo + step], weight, bias, temperature), dim=-1)  # [c, V]
+        out[lo : lo + step] = (p * p).sum(dim=-1)
+    return out

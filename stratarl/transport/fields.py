@@ -119,6 +119,8 @@ FIELDS: dict[str, FieldSpec] = dict(
               "log π_old(token): the actor's log-probs before this step's updates (PPO ratio denominator)"),
         _spec("entropys", "float", "N T", _RESP, "actor.log_prob", "metrics",
               "entropy of the actor's next-token distribution at each response position"),
+        _spec("sum_pi_squared", "float", "N T", _RESP, "actor.log_prob", "advantage",
+              "Σ_v π_old(v)² of the actor's next-token distribution (optimal-token-baseline estimators)"),
         _spec("ref_log_prob", "float", "N T", _RESP, "reference.log_prob", "advantage actor.update metrics",
               "log π_ref(token) of the frozen reference policy (KL loss or KL-in-reward)"),
         _spec("values", "float", "N T", _RESP, "critic.value", "advantage critic.update metrics",

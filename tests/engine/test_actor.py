@@ -35,6 +35,23 @@ def test_log_probs_match_a_plain_forward_per_row():
     assert entropy.max() <= math.log(V) + 1e-5
 
 
+def test_sum_pi_squared_comes_from_the_same_forward_and_matches_a_plain_softmax():
+    model, batch = tiny_model(), ragged_batch()
+    actor = Actor(model, lr=0.0, micro_batch_size=3, temperature=0.7)
+    out = actor.score_responses(batch, with_entropy=True, with_sum_pi_squared=True)
+    torch.testing.assert_close(out["log_prob"], actor.compute_log_prob(batch)[0], atol=0, rtol=0)
+    for i in range(len(batch)):
+        keep = batch["attention_mask"][i].bool()
+        ids = batch["input_ids"][i][keep]
+        n_resp = int(batch["response_mask"][i].sum())
+        probs = torch.softmax(model(input_ids=ids[None]).logits[0].float() / 0.7, -1)[-n_resp - 1 : -1]
+        torch.testing.assert_close(
+            out["sum_pi_squared"][i, :n_resp], (probs**2).sum(-1), atol=1e-5, rtol=1e-5
+        )
+        assert torch.all(out["sum_pi_squared"][i, n_resp:] == 0)
+    assert "sum_pi_squared" not in actor.score_responses(batch)
+
+
 def test_micro_batch_split_gives_the_same_gradient_as_one_pass():
     whole = grads_after_one_step(micro_batch_size=8)
     for k in (1, 2, 4):

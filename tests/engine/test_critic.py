@@ -4,7 +4,7 @@ import torch
 
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.value_loss import clipped_value_loss
-from stratarl.engine.critic import Critic, value_model_from_causal_lm
+from stratarl.engine.critic import Critic, load_value_model, value_model_from_causal_lm
 from stratarl.engine.forward import ValueScores
 from stratarl.engine.training import BatchTotals
 from tests.engine.tiny_batches import ragged_batch, tiny_model
@@ -44,6 +44,15 @@ def test_value_model_takes_the_body_of_the_causal_lm():
     for name, tensor in lm.model.state_dict().items():
         assert torch.equal(value_model.base_model.state_dict()[name], tensor)
     assert value_model.score.out_features == 1
+
+
+def test_a_saved_causal_lm_directory_loads_as_a_value_model(tmp_path):
+    lm = tiny_model()
+    lm.save_pretrained(tmp_path)
+    value_model = load_value_model(tmp_path)
+    for name, tensor in lm.model.state_dict().items():
+        assert torch.equal(value_model.base_model.state_dict()[name], tensor)
+    assert value_model.score.out_features == 1 and value_model.config.num_labels == 1
 
 
 def test_values_are_read_at_the_position_before_each_response_token():

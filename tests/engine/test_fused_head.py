@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stratarl.engine.fused_head import head_scores, head_scores_naive
+from stratarl.engine.fused_head import head_scores, head_scores_naive, head_sum_pi_squared
 
 K, D, V = 7, 5, 11
 
@@ -98,3 +98,19 @@ def test_bad_arguments_are_rejected():
         head_scores(hidden, weight, bias, labels, chunk_size=0)
     with pytest.raises(ValueError, match="labels"):
         head_scores(hidden, weight, bias, labels[:3])
+
+
+def test_sum_pi_squared_by_hand_and_chunked():
+    # z = (2, 0) as above: π = (e², 1)/(e² + 1) → Σπ² = (e⁴ + 1)/(e² + 1)²
+    hidden, weight = torch.tensor([[1.0]]), torch.tensor([[1.0], [0.0]])
+    got = head_sum_pi_squared(hidden, weight, None, temperature=0.5)
+    assert got.item() == pytest.approx((math.e**4 + 1) / (math.e**2 + 1) ** 2, abs=1e-6)
+    hidden, weight, bias, _ = inputs()
+    probs = torch.softmax((hidden @ weight.T + bias).float() / 0.7, dim=-1)  # [K, V]
+    for chunk_size in (1, 3, None):
+        torch.testing.assert_close(
+            head_sum_pi_squared(hidden, weight, bias, temperature=0.7, chunk_size=chunk_size),
+            (probs**2).sum(-1),
+            atol=1e-6,
+            rtol=1e-6,
+        )
