@@ -12,12 +12,15 @@ import copy
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
 from stratarl.engine.actor import Actor, LossFn, Reference
+from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
+from stratarl.engine.lora import apply_lora, base_state, is_lora, strip_prefix
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, SamplingParams
 from stratarl.rollout.torch_engine import TorchRolloutEngine
@@ -34,6 +37,11 @@ def load_causal_lm(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
 
 
+def lora_base_weights(actor: Actor) -> dict[str, torch.Tensor]:
+    """The frozen base weights under a LoRA actor, plain HF names: the first sync to the rollout."""
+    return base_state(strip_prefix(actor.dp.full_model_state(actor.module), "lm."))
+
+
 class PolicyWorker:
     """Actor + rollout engine (+ frozen reference) over one model directory."""
 
@@ -44,6 +52,8 @@ class PolicyWorker:
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         actor_kwargs: dict,
+        reference_kwargs: dict | None = None,
+        lora: dict | None = None,
         dtype: str = "float32",
         rollout_dtype: str = "float32",
         with_reference: bool = False,
@@ -51,10 +61,12 @@ class PolicyWorker:
         max_num_seqs: int = 256,
     ):
         model = load_causal_lm(model_path, dtype)
-        self.actor = Actor(model, **actor_kwargs)
         # The rollout engine serves its own copy, so a generation never sees half-updated weights and
-        # may run in a lower precision than training.
+        # may run in a lower precision than training. Copied before peft injects adapters in place.
         rollout_model = copy.deepcopy(model).to(DTYPES[rollout_dtype]).eval().requires_grad_(False)
+        if lora:  # {rank, alpha, target_modules}: only the adapters train
+            model = apply_lora(model, **lora)
+        self.actor = Actor(model, **actor_kwargs)
         self.rollout = TorchRolloutEngine(
             rollout_model,
             eos_token_ids=list(eos_token_ids),
@@ -63,13 +75,13 @@ class PolicyWorker:
             max_num_seqs=max_num_seqs,
         )
         self.pad_token_id = pad_token_id
-        self.reference = (
-            Reference.copy_of(
-                model, micro_batch_size=self.actor.micro_batch_size, temperature=self.actor.temperature
-            )
-            if with_reference
-            else None
-        )
+        self.reference = None
+        if with_reference and lora:  # the base under the adapter: the actor's weights, no copy
+            self.reference = Reference.base_of(self.actor)
+        elif with_reference:
+            settings = {"micro_batch_size": self.actor.micro_batch_size} | (reference_kwargs or {})
+            self.reference = Reference.copy_of(model, temperature=self.actor.temperature, **settings)
+        self._base_synced = False  # LoRA: the rollout holds the base weights after the first sync
 
     # --- rollout -------------------------------------------------------------------------------
     def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
@@ -93,19 +105,32 @@ class PolicyWorker:
             tensors, {"finish_reason": np.array(columns["finish_reason"], dtype=object)}
         )
 
-    def sync_weights(self) -> WeightLoadReport:
-        """Push the actor's weights into the rollout engine as version + 1, and check they arrived."""
-        return self.rollout.load_weights(self.actor.export_weights(), self.rollout.weight_version + 1)
+    def sync_weights(self, version: int | None = None) -> WeightLoadReport:
+        """Push the actor's weights into the rollout engine as version + 1, and check they arrived.
+        A LoRA actor sends its base weights and adapter the first time, then the adapter alone;
+        the report's num_bytes counts what moved."""
+        version = self.rollout.weight_version + 1 if version is None else version  # a resume sets it
+        if not is_lora(self.actor.model):
+            return self.rollout.load_weights(self.actor.export_weights(), version)
+        base = None if self._base_synced else lora_base_weights(self.actor)
+        report = self.rollout.load_adapter(self.actor.export_adapter(), version, base=base)
+        self._base_synced = True
+        return report
 
     @property
     def weight_version(self) -> int:
         return self.rollout.weight_version
 
     # --- actor / reference ---------------------------------------------------------------------
-    def compute_log_prob(self, batch: DataProto, *, with_entropy: bool = False) -> DataProto:
-        log_prob, entropy = self.actor.compute_log_prob(batch, with_entropy=with_entropy)
-        columns = {"old_log_probs": log_prob} | ({"entropys": entropy} if entropy is not None else {})
-        return DataProto.from_dict(columns)
+    def compute_log_prob(
+        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> DataProto:
+        """`old_log_probs` (+ `entropys`, + `sum_pi_squared` for the OTB estimators), one forward."""
+        out = self.actor.score_responses(
+            batch, with_entropy=with_entropy, with_sum_pi_squared=with_sum_pi_squared
+        )
+        names = {"log_prob": "old_log_probs", "entropy": "entropys", "sum_pi_squared": "sum_pi_squared"}
+        return DataProto.from_dict({names[name]: column for name, column in out.items()})
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         if self.reference is None:
@@ -131,8 +156,40 @@ class PolicyWorker:
             with_entropy=with_entropy,
         )
 
+    # --- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(
+        self,
+        root: str | Path,
+        step: int,
+        *,
+        extra_roles: dict[str, Any] | None = None,
+        tokenizer: Any = None,
+        trainer_state: dict[str, Any] | None = None,
+        max_to_keep: int | None = None,
+    ) -> Path:
+        """root/global_step_{step}: the actor (+ extra_roles, e.g. an in-process critic), RNG, the HF
+        export and the trainer's state, atomically (`engine.checkpoint`). A collective with ranks."""
+        manager = CheckpointManager(root, max_to_keep=max_to_keep, dp=self.actor.dp)
+        roles = {"actor": self.actor} | (extra_roles or {})
+        state = trainer_state
+        return manager.save(step, roles, hf_policy=self.actor, tokenizer=tokenizer, trainer_state=state)
+
+    def load_checkpoint(
+        self, root: str | Path, *, step: int | None = None, extra_roles: dict[str, Any] | None = None
+    ) -> LoadedCheckpoint | None:
+        """Restore the newest complete checkpoint under root (or `step`) into the actor (+ extra_roles)
+        and the RNG states; None when there is none."""
+        manager = CheckpointManager(root, dp=self.actor.dp)
+        return manager.load({"actor": self.actor} | (extra_roles or {}), step=step)
+
+    # --- the worker as a group of one (the interface `worker_group.PolicyWorkerGroup` shares) -------
+    def controller_bytes(self) -> dict[str, float]:
+        """Bytes between the controller and other processes: none, everything is in this one."""
+        return {"controller/sent_bytes": 0.0, "controller/received_bytes": 0.0}
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the models live as long as this process holds them."""
+
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """The actor's weights as an HF directory (loadable with `from_pretrained`)."""
-        out_dir = Path(out_dir)
-        self.actor.model.save_pretrained(out_dir)
-        return out_dir
+        """The actor's weights as an HF directory (loadable with `from_pretrained`; LoRA merged)."""
+        return self.actor.save_hf(out_dir)

@@ -96,6 +96,7 @@ class BatchPlan:
     max_response_tokens: int  # T
     max_tokens_per_trajectory: int  # P + T
     max_tokens_per_micro_batch: int  # trajectories_per_micro_batch · (P + T)
+    token_budget: int | None = None  # actor.max_tokens_per_micro_batch: micro-batches by tokens
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> BatchPlan:
@@ -123,6 +124,7 @@ class BatchPlan:
             max_prompt_tokens=P,
             max_response_tokens=T,
             max_tokens_per_trajectory=P + T,
+            token_budget=cfg.actor.max_tokens_per_micro_batch,
             max_tokens_per_micro_batch=per_micro * (P + T),
         )
 
@@ -163,6 +165,13 @@ class BatchPlan:
                 "max tokens per micro-batch",
                 f"{self.max_tokens_per_micro_batch}",
                 "trajectories per micro-batch · (P + T)",
+            )
+            if self.token_budget is None
+            else (
+                "max tokens per micro-batch",
+                f"{self.token_budget}",
+                "actor.max_tokens_per_micro_batch (real tokens): the fewest balanced micro-batches "
+                "under it replace trajectories per micro-batch",
             ),
         ]
 

@@ -8,11 +8,16 @@ count trajectories; here the names say so: `actor.prompts_per_mini_batch`,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from stratarl.config.setting import section, setting
 
 ARF = "actor_rollout_ref"  # verl's prefix for the actor, rollout and reference groups
 LR_SCHEDULES = ("constant", "cosine")
+LAYOUTS = ("packed", "padded")  # stratarl.engine.packing.LAYOUTS
+LOGIT_CHUNK_SIZE = 256  # stratarl.engine.fused_head.LOGIT_CHUNK_SIZE (config does not import the engine)
+TOKEN_BUDGET_DOC = "token budget per micro-batch (prompt + response tokens, padding excluded); null: by rows"
+LAYOUT_DOC = "packed: rows back to back, no compute on padding; padded: the batch as it is"
 
 
 @dataclass
@@ -110,6 +115,24 @@ class PolicyLossConfig:
 
 
 @dataclass
+class LoraSettingsConfig:
+    """LoRA adapters on the policy (peft; stratarl.engine.lora): only the adapters train, the reference
+    is the base model with the adapter disabled, weight syncs after the first move only the adapter."""
+
+    rank: int = setting(
+        0, "adapter rank r; 0: no LoRA, the whole model trains", verl=f"{ARF}.model.lora_rank"
+    )
+    alpha: float = setting(
+        16.0, "scale numerator: W' = W + (alpha / rank)·B·A", verl=f"{ARF}.model.lora_alpha"
+    )
+    target_modules: Any = setting(
+        "all-linear",
+        "modules given adapters: all-linear, or a list of module names such as [q_proj, v_proj]",
+        verl=f"{ARF}.model.target_modules",
+    )
+
+
+@dataclass
 class ActorConfig:
     """The policy being trained: optimizer, batch split of a step, and the loss."""
 
@@ -157,17 +180,39 @@ class ActorConfig:
     )
     kl_loss_coef: float = setting(0.001, "weight of the KL loss", verl=f"{ARF}.actor.kl_loss_coef")
     kl_loss_type: str = setting("low_var_kl", "KL estimator of the KL loss", verl=f"{ARF}.actor.kl_loss_type")
+    max_tokens_per_micro_batch: int | None = setting(
+        None,
+        f"{TOKEN_BUDGET_DOC} (trajectories_per_micro_batch)",
+        verl=f"{ARF}.actor.ppo_max_token_len_per_gpu (with use_dynamic_bsz)",
+    )
+    layout: str = setting(
+        "packed", LAYOUT_DOC, verl=f"{ARF}.model.use_remove_padding (true: packed)", choices=LAYOUTS
+    )
+    logit_chunk_size: int | None = setting(
+        LOGIT_CHUNK_SIZE, "rows of logits made at a time for log-probs and entropy; null: all at once"
+    )
+    lora: LoraSettingsConfig = section(LoraSettingsConfig, "LoRA adapters (rank 0: off)")
 
 
 @dataclass
 class ReferenceConfig:
-    """The frozen reference policy; it exists only when a KL term needs it."""
+    """The frozen reference policy; it exists only when a KL term needs it. Under LoRA it is the actor's
+    own model with the adapter disabled (no copy), scored with the actor's micro-batch settings."""
 
     model_path: str = setting("", "directory of the reference model; empty: model.path (the actor's start)")
     trajectories_per_micro_batch: int = setting(
         16,
         "trajectories per forward pass when computing ref_log_prob",
         verl=f"{ARF}.ref.log_prob_micro_batch_size_per_gpu",
+    )
+    max_tokens_per_micro_batch: int | None = setting(
+        None,
+        f"{TOKEN_BUDGET_DOC} (trajectories_per_micro_batch)",
+        verl=f"{ARF}.ref.log_prob_max_token_len_per_gpu (with log_prob_use_dynamic_bsz)",
+    )
+    layout: str = setting("packed", LAYOUT_DOC, choices=LAYOUTS)
+    logit_chunk_size: int | None = setting(
+        LOGIT_CHUNK_SIZE, "rows of logits made at a time for log-probs; null: all at once"
     )
 
 
@@ -194,6 +239,19 @@ class CriticConfig:
     )
     trajectories_per_micro_batch: int = setting(
         16, "trajectories per critic forward/backward pass", verl="critic.ppo_micro_batch_size_per_gpu"
+    )
+    max_tokens_per_micro_batch: int | None = setting(
+        None,
+        f"{TOKEN_BUDGET_DOC} (trajectories_per_micro_batch)",
+        verl="critic.ppo_max_token_len_per_gpu (with use_dynamic_bsz)",
+    )
+    layout: str = setting(
+        "packed", LAYOUT_DOC, verl="critic.model.use_remove_padding (true: packed)", choices=LAYOUTS
+    )
+    gradient_checkpointing: bool = setting(
+        False,
+        "recompute activations in the backward pass to save memory",
+        verl="critic.model.enable_gradient_checkpointing",
     )
     ppo_epochs: int = setting(1, "critic passes over the step's trajectories", verl="critic.ppo_epochs")
     cliprange_value: float = setting(

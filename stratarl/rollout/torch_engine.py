@@ -10,6 +10,7 @@ finish so that every result comes from one weight version.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -17,6 +18,7 @@ from concurrent.futures import Future
 import torch
 from torch import Tensor, nn
 
+from stratarl.engine.lora import AdapterUpdate, apply_adapter_update
 from stratarl.rollout.engine_core import EngineCore
 from stratarl.rollout.engine_loop import Finished, SteppedEngine
 from stratarl.rollout.interface import GenerationRequest
@@ -29,6 +31,7 @@ from stratarl.rollout.weight_sync import (
     WeightSyncError,
     check_state_dict_keys,
     push_weights,
+    tensor_bytes,
 )
 
 
@@ -96,6 +99,7 @@ class TorchRolloutEngine(SteppedEngine):
         super().__init__()
         self._receiver: WeightReceiver | None = None
         self._broken: str | None = None  # why the served weights are not a whole version
+        self._adapter_base: dict[str, Tensor] | None = None  # W₀ of the LoRA-adapted modules
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -170,6 +174,38 @@ class TorchRolloutEngine(SteppedEngine):
         return push_weights(state_dict, [self], version=version, bucket_bytes=bucket_bytes, partial=partial)[
             0
         ]
+
+    def load_adapter(
+        self,
+        update: AdapterUpdate,
+        version: int,
+        *,
+        base: Mapping[str, Tensor] | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> WeightLoadReport:
+        """Serve a LoRA policy as `version`, W' = W₀ + s·B·A for each module `update` adapts, when only
+        A, B and s travel (`engine.lora`; verl's adapter-only sync after `base_sync_done`).
+
+        The first call brings `base`, the full base state dict (HF names): it is loaded whole with the
+        adapter merged, and the engine keeps W₀ of the adapted modules (the tensors given, not copies)
+        for later calls, which bring the adapter alone and reload only those modules. The report's
+        num_bytes counts what travelled: base and adapter, then the adapter."""
+        if base is not None:
+            self._adapter_base = {f"{m}.weight": base[f"{m}.weight"] for m in update.lora_a}
+            report = self.load_weights(
+                apply_adapter_update(dict(base), update), version, bucket_bytes=bucket_bytes
+            )
+            return dataclasses.replace(report, num_bytes=tensor_bytes(base) + update.num_bytes)
+        held = {key.removesuffix(".weight") for key in self._adapter_base or {}}
+        if self._adapter_base is None or set(update.lora_a) != held:
+            raise WeightSyncError(
+                f"the adapter covers modules {sorted(update.lora_a)[:10]}, the base weights held cover "
+                f"{sorted(held)[:10]}: the first load_adapter brings the base (base=...), later ones the "
+                "same modules"
+            )
+        merged = apply_adapter_update(self._adapter_base, update)
+        report = self.load_weights(merged, version, bucket_bytes=bucket_bytes, partial=True)
+        return dataclasses.replace(report, num_bytes=update.num_bytes)
 
     def check_weights(self, state_dict: Mapping[str, Tensor]) -> None:
         """Strict keys and shapes against the served model (`WeightSyncError` naming the misfits)."""

@@ -26,13 +26,20 @@ class WeightSyncError(RuntimeError):
 
 @dataclass(frozen=True)
 class WeightLoadReport:
-    """What one load did: the version now served, tensors sent, tensors whose values changed, and a
-    checksum of the values sent (comparable with `parameter_checksum` of the sender's dict)."""
+    """What one load did: the version now served, tensors sent, tensors whose values changed, a
+    checksum of the values sent (comparable with `parameter_checksum` of the sender's dict), and the
+    bytes that travelled (0 where a backend does not count them)."""
 
     version: int
     num_tensors: int
     num_changed: int
     checksum: float
+    num_bytes: int = 0
+
+
+def tensor_bytes(tensors: Mapping[str, Tensor]) -> int:
+    """Σ numel · element size: the bytes a dict of tensors takes on the wire."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def parameter_checksum(tensors: Mapping[str, Tensor]) -> float:
@@ -99,7 +106,11 @@ def load_in_place(model: nn.Module, state_dict: Mapping[str, Tensor], version: i
         )
     checksum = parameter_checksum({k: served[k] for k in state_dict})
     return WeightLoadReport(
-        version=version, num_tensors=len(state_dict), num_changed=num_changed, checksum=checksum
+        version=version,
+        num_tensors=len(state_dict),
+        num_changed=num_changed,
+        checksum=checksum,
+        num_bytes=tensor_bytes(state_dict),
     )
 
 
@@ -173,6 +184,7 @@ class WeightReceiver:
         self.received_checksum: dict[str, float] = {}  # per tensor, of the values as served (cast)
         self.sent_checksum = 0.0  # of the values as sent, comparable with the sender's
         self.changed: set[str] = set()
+        self.num_bytes = 0
 
     @torch.no_grad()
     def receive(self, bucket: Sequence[TensorSlice]) -> None:
@@ -197,6 +209,7 @@ class WeightReceiver:
                 piece.name, 0.0
             ) + parameter_checksum({piece.name: value})
             self.sent_checksum += parameter_checksum({piece.name: piece.tensor})
+            self.num_bytes += piece.nbytes
 
     def finish(self) -> WeightLoadReport:
         """Check coverage and that the served model (fetched afresh) holds what arrived; report."""
@@ -229,6 +242,7 @@ class WeightReceiver:
             # a tied alias changed with its twin, although its own copy found the values already there
             num_changed=len({a for k in self.changed for a in self.aliases.get(k, set()) | {k}} & set(full)),
             checksum=self.sent_checksum,
+            num_bytes=self.num_bytes,
         )
 
 
