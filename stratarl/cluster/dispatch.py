@@ -1,0 +1,111 @@
+"""Layer 3, orchestration: a worker group's data path — split a batch over data-parallel ranks, gather back.
+
+Scoring (log-probs): pad the batch to a multiple of D with copies of its leading rows, reorder it so
+that each rank's share has about the same work (`engine.partition.rank_balanced_order`, a FLOP proxy
+per row), cut D equal shares; afterwards concatenate the ranks' outputs, undo the order and drop the
+pad rows. Updates: each global mini-batch is balanced over the ranks on its own, so that rank r's
+k-th local mini-batch is its share of the k-th global one and D ranks take the optimizer steps one
+rank would (without shuffling); a mini-batch that does not divide is padded with zero-weight rows
+(copies whose response_mask is 0: no tokens, no sequences, no gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from stratarl.engine.partition import rank_balanced_order
+from stratarl.transport.data_proto import DataProto
+
+
+@dataclass(frozen=True)
+class RankSplit:
+    """`shards[r]` goes to rank r. Shard rows, concatenated, are rows `order` of the batch padded with
+    `pad` copies of its leading rows."""
+
+    shards: list[DataProto]
+    order: list[int]
+    pad: int
+
+
+def sequence_lengths(batch: DataProto) -> list[int] | None:
+    """Tokens per row (prompt + response), the balancing weight; None when the batch has no tokens yet."""
+    if "attention_mask" not in batch:
+        return None
+    return batch["attention_mask"].sum(-1).tolist()
+
+
+def balanced_order(batch: DataProto, dp_size: int, *, linear_coeff: float = 0.0) -> list[int]:
+    """The row order after which `chunk(dp_size)` gives balanced shares (identity without tokens)."""
+    lengths = sequence_lengths(batch)
+    if lengths is None or dp_size == 1:
+        return list(range(len(batch)))
+    return rank_balanced_order(lengths, dp_size, linear_coeff=linear_coeff)
+
+
+def split_for_ranks(
+    batch: DataProto, dp_size: int, *, balance: bool = True, linear_coeff: float = 0.0
+) -> RankSplit:
+    """D equal shares of `batch` (padded to a multiple of D first), balanced by work when `balance`."""
+    padded, pad = batch.pad_to_divisor(dp_size)  # N + pad rows, pad < D
+    order = (
+        balanced_order(padded, dp_size, linear_coeff=linear_coeff) if balance else list(range(len(padded)))
+    )
+    return RankSplit(padded.reorder(order).chunk(dp_size), order, pad)
+
+
+def gather_from_ranks(outputs: list[DataProto], split: RankSplit) -> DataProto:
+    """The ranks' outputs as one batch in the original row order, pad rows dropped."""
+    if len(outputs) != len(split.shards):
+        raise ValueError(f"{len(outputs)} outputs for {len(split.shards)} shards")
+    for rank, (out, shard) in enumerate(zip(outputs, split.shards, strict=True)):
+        if len(out) != len(shard):
+            raise ValueError(f"rank {rank} returned {len(out)} rows for a shard of {len(shard)}")
+    merged = DataProto.concat(outputs)  # row j is padded row order[j]
+    inverse = np.argsort(np.asarray(split.order, dtype=np.int64), kind="stable")
+    return merged.reorder(inverse).unpad(split.pad)
+
+
+# --- updates -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UpdateSplit:
+    """`shards[r]` is rank r's batch for one update, to be taken in mini-batches of
+    `local_mini_batch_size`; `pad_rows` zero-weight rows were added in all."""
+
+    shards: list[DataProto]
+    local_mini_batch_size: int
+    pad_rows: int
+
+
+def pad_with_zero_weight_rows(batch: DataProto, divisor: int) -> tuple[DataProto, int]:
+    """`batch` padded to a multiple of `divisor` with copies of its leading rows whose response_mask is
+    0, so that they add no token, no sequence and no gradient to a globally normalised loss."""
+    padded, pad = batch.pad_to_divisor(divisor)
+    if pad == 0:
+        return padded, 0
+    weight = torch.ones(len(padded), 1, dtype=padded["response_mask"].dtype)
+    weight[len(batch) :] = 0
+    columns = [c for c in padded.columns if c != "response_mask"]
+    zeroed = DataProto.from_dict({"response_mask": padded["response_mask"] * weight})
+    return padded.select(columns).union(zeroed), pad
+
+
+def split_for_update(
+    batch: DataProto, dp_size: int, mini_batch_size: int, *, linear_coeff: float = 0.0
+) -> UpdateSplit:
+    """Each global mini-batch (consecutive rows) padded, balanced and cut into D shares; rank r's batch
+    is its shares of all mini-batches in order."""
+    if mini_batch_size < 1 or len(batch) % mini_batch_size:
+        raise ValueError(f"{len(batch)} rows do not split into mini-batches of {mini_batch_size}")
+    per_rank: list[list[DataProto]] = [[] for _ in range(dp_size)]
+    pad_rows = 0
+    for mini in batch.split(mini_batch_size):
+        padded, pad = pad_with_zero_weight_rows(mini, dp_size)
+        pad_rows += pad
+        shares = padded.reorder(balanced_order(padded, dp_size, linear_coeff=linear_coeff)).chunk(dp_size)
+        for rank, share in enumerate(shares):
+            per_rank[rank].append(share)
+    local = -(-mini_batch_size // dp_size)  # ⌈mini / D⌉ rows per rank per mini-batch
+    return UpdateSplit([DataProto.concat(parts) for parts in per_rank], local, pad_rows)

@@ -1,0 +1,265 @@
+"""Layer 3, orchestration: resource pools and placement plans — which roles run in which processes.
+
+A `ResourcePool` is a list of bundles, the CPUs/GPUs of one worker process each; on Ray it is one
+placement group (`ray_cluster.reserve_pools`). A `PlacementPlan` maps each role to a pool. Roles on
+the same pool are colocated: one process per bundle hosts all of them and switches between phases
+(verl's hybrid engine); roles on different pools run at the same time on different processes.
+Plans are data, built by name from `PLANS`; `validate_plan` rejects an impossible plan before any
+process starts, naming the config keys to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+ROLES = ("actor", "rollout", "reference", "critic", "reward_model")
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement-group strategies
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """The resources of one worker process. Its torch threads follow its CPU share (at least 1)."""
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.cpus))
+
+    def as_ray(self) -> dict[str, float]:
+        """Ray's bundle dict; zero amounts are left out (Ray rejects them)."""
+        return {name: amount for name, amount in (("CPU", self.cpus), ("GPU", self.gpus)) if amount > 0}
+
+
+@dataclass(frozen=True)
+class ResourcePool:
+    """`bundles` (one per process, rank i on bundle i) placed with a Ray strategy. `keys`: the config
+    keys that sized this pool, named by every error about it."""
+
+    name: str
+    bundles: tuple[Bundle, ...]
+    strategy: str = "PACK"
+    keys: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.bundles)
+
+    @property
+    def cpus(self) -> float:
+        return sum(b.cpus for b in self.bundles)
+
+    @property
+    def gpus(self) -> float:
+        return sum(b.gpus for b in self.bundles)
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """Pools, and the pool of each role (`roles`: role -> pool name)."""
+
+    name: str
+    pools: tuple[ResourcePool, ...]
+    roles: Mapping[str, str] = field(default_factory=dict)
+
+    def pool(self, name: str) -> ResourcePool:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"plan {self.name!r} has no pool {name!r}; pools: {[p.name for p in self.pools]}")
+
+    def pool_of(self, role: str) -> ResourcePool:
+        if role not in self.roles:
+            raise KeyError(f"plan {self.name!r} places no {role!r}; it places {sorted(self.roles)}")
+        return self.pool(self.roles[role])
+
+    def roles_on(self, pool_name: str) -> list[str]:
+        """The roles a process of this pool hosts, in `ROLES` order."""
+        return [role for role in ROLES if self.roles.get(role) == pool_name]
+
+    def is_colocated(self, role: str, other: str) -> bool:
+        return role in self.roles and self.roles.get(other) == self.roles[role]
+
+
+@dataclass(frozen=True)
+class WorkerSizes:
+    """How many processes of each kind, and the resources of each (`cluster.*` settings)."""
+
+    training_workers: int = 1
+    rollout_replicas: int = 1
+    cpus_per_training_worker: float = 1.0
+    cpus_per_rollout_replica: float = 1.0
+    gpus_per_training_worker: float = 0.0
+    gpus_per_rollout_replica: float = 0.0
+
+
+TRAINING_KEYS = (
+    "cluster.training_workers",
+    "cluster.cpus_per_training_worker",
+    "cluster.gpus_per_training_worker",
+)
+ROLLOUT_KEYS = (
+    "cluster.rollout_replicas",
+    "cluster.cpus_per_rollout_replica",
+    "cluster.gpus_per_rollout_replica",
+)
+
+
+def _bundles(count: int, cpus: float, gpus: float) -> tuple[Bundle, ...]:
+    return tuple(Bundle(cpus, gpus) for _ in range(count))
+
+
+def colocated_plan(
+    sizes: WorkerSizes, roles: Sequence[str] = ("actor", "rollout", "reference")
+) -> PlacementPlan:
+    """One pool of `training_workers` processes; each hosts every role (rollout_replicas is unused:
+    every process serves generation between its training phases)."""
+    pool = ResourcePool(
+        "policy",
+        _bundles(sizes.training_workers, sizes.cpus_per_training_worker, sizes.gpus_per_training_worker),
+        keys=TRAINING_KEYS,
+    )
+    return PlacementPlan("colocated", (pool,), {role: "policy" for role in roles})
+
+
+def split_plan(sizes: WorkerSizes, roles: Sequence[str] = ("actor", "rollout", "reference")) -> PlacementPlan:
+    """Rollout replicas on their own pool; every other role on the training pool."""
+    training = ResourcePool(
+        "training",
+        _bundles(sizes.training_workers, sizes.cpus_per_training_worker, sizes.gpus_per_training_worker),
+        keys=TRAINING_KEYS,
+    )
+    rollout = ResourcePool(
+        "rollout",
+        _bundles(sizes.rollout_replicas, sizes.cpus_per_rollout_replica, sizes.gpus_per_rollout_replica),
+        keys=ROLLOUT_KEYS,
+    )
+    placed = {role: "rollout" if role == "rollout" else "training" for role in roles}
+    return PlacementPlan("split", (training, rollout), placed)
+
+
+PLANS: dict[str, Callable[..., PlacementPlan]] = {"colocated": colocated_plan, "split": split_plan}
+
+
+def make_plan(
+    name: str, sizes: WorkerSizes, roles: Sequence[str] = ("actor", "rollout", "reference")
+) -> PlacementPlan:
+    if name not in PLANS:
+        raise PlacementError(
+            [PlacementProblem(("cluster.placement",), f"unknown plan {name!r}; valid: {sorted(PLANS)}")]
+        )
+    return PLANS[name](sizes, roles)
+
+
+# --- validation ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlacementProblem:
+    keys: tuple[str, ...]
+    message: str
+
+    def __str__(self) -> str:
+        return f"{', '.join(self.keys)}: {self.message}"
+
+
+class PlacementError(ValueError):
+    """An impossible plan; `problems` lists every problem, each naming the config keys involved."""
+
+    def __init__(self, problems: Sequence[PlacementProblem]):
+        self.problems = list(problems)
+        lines = [f"impossible placement ({len(self.problems)} problem(s)):"]
+        super().__init__("\n".join(lines + [f"  - {p}" for p in self.problems]))
+
+    @property
+    def keys(self) -> set[str]:
+        return {key for problem in self.problems for key in problem.keys}
+
+
+def validate_plan(
+    plan: PlacementPlan,
+    *,
+    roles: Sequence[str],
+    cluster_cpus: float,
+    cluster_gpus: float = 0.0,
+    rows_per_rank_split: Mapping[tuple[str, ...], int] | None = None,
+) -> None:
+    """Raise `PlacementError` unless every role in `roles` has a pool, the pools fit the cluster, and
+    each batch in `rows_per_rank_split` (its rows, keyed by the config keys that set them) divides
+    evenly over the ranks of the training pool."""
+    problems = _role_problems(plan, roles) + _pool_problems(plan)
+    problems += _capacity_problems(plan, cluster_cpus, cluster_gpus)
+    if "actor" in plan.roles and plan.roles["actor"] in {p.name for p in plan.pools}:
+        ranks = plan.pool_of("actor").world_size
+        for keys, rows in (rows_per_rank_split or {}).items():
+            if ranks > 0 and rows % ranks:
+                problems.append(
+                    PlacementProblem(
+                        (*keys, "cluster.training_workers"),
+                        f"{rows} rows do not split evenly over {ranks} training workers",
+                    )
+                )
+    if problems:
+        raise PlacementError(problems)
+
+
+def _role_problems(plan: PlacementPlan, roles: Sequence[str]) -> list[PlacementProblem]:
+    names = {p.name for p in plan.pools}
+    problems = [
+        PlacementProblem(("cluster.placement",), f"role {role!r} is unknown; roles: {list(ROLES)}")
+        for role in [*roles, *plan.roles]
+        if role not in ROLES
+    ]
+    problems += [
+        PlacementProblem(("cluster.placement",), f"role {role!r} has no pool in the {plan.name!r} plan")
+        for role in roles
+        if role not in plan.roles
+    ]
+    problems += [
+        PlacementProblem(
+            ("cluster.placement",), f"role {role!r} is placed on pool {pool!r}, which the plan lacks"
+        )
+        for role, pool in plan.roles.items()
+        if pool not in names
+    ]
+    return problems
+
+
+def _pool_problems(plan: PlacementPlan) -> list[PlacementProblem]:
+    problems = []
+    for pool in plan.pools:
+        keys = pool.keys or ("cluster.placement",)
+        if pool.world_size < 1:
+            problems.append(PlacementProblem(keys, f"pool {pool.name!r} has no process"))
+        if pool.strategy not in STRATEGIES:
+            problems.append(
+                PlacementProblem(keys, f"pool {pool.name!r}: strategy {pool.strategy!r} not in {STRATEGIES}")
+            )
+        for amount in {a for b in pool.bundles for a in (b.cpus, b.gpus)}:
+            if amount < 0 or (amount > 1 and amount != int(amount)):
+                problems.append(
+                    PlacementProblem(
+                        keys, f"pool {pool.name!r}: {amount} is not a share ≤ 1 or a whole number"
+                    )
+                )
+        if any(not b.as_ray() for b in pool.bundles):
+            problems.append(PlacementProblem(keys, f"pool {pool.name!r}: a process needs some CPU or GPU"))
+    return problems
+
+
+def _capacity_problems(
+    plan: PlacementPlan, cluster_cpus: float, cluster_gpus: float
+) -> list[PlacementProblem]:
+    problems = []
+    for unit, wanted, have in (("CPU", sum(p.cpus for p in plan.pools), cluster_cpus),
+                               ("GPU", sum(p.gpus for p in plan.pools), cluster_gpus)):  # fmt: skip
+        if wanted > have + 1e-9:
+            keys = tuple(dict.fromkeys(k for p in plan.pools for k in p.keys))
+            per_pool = ", ".join(f"{p.name} {p.cpus if unit == 'CPU' else p.gpus:g}" for p in plan.pools)
+            problems.append(
+                PlacementProblem(
+                    (*keys, "cluster.num_cpus" if unit == "CPU" else "cluster.device"),
+                    f"the plan needs {wanted:g} {unit}s ({per_pool}), the cluster has {have:g}",
+                )
+            )
+    return problems

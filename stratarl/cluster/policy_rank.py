@@ -1,0 +1,168 @@
+"""Layer 3, orchestration: one data-parallel rank of the policy, in a process of its own (a Ray actor).
+
+`PolicySpec` is what builds a policy worker (the keyword arguments of `PolicyWorker`), shared by
+the in-process backend and this one. `PolicyRank` is a `PolicyWorker` whose actor and reference are
+sharded with FSDP2 over a torch.distributed group (gloo on CPU, nccl on GPU); in the colocated plan
+it also serves generation from its own full-weight copy. The inherited methods (generate,
+compute_log_prob, compute_ref_log_prob, update_actor) run unchanged on this rank's share of rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+import torch
+import transformers
+
+from stratarl.cluster.policy_worker import DTYPES, PolicyWorker, load_causal_lm
+from stratarl.engine.actor import Actor, Reference
+from stratarl.engine.data_parallel import DataParallel
+from stratarl.engine.lora import apply_lora
+from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
+from stratarl.rollout.interface import GenerationRequest, GenerationResult
+from stratarl.rollout.torch_engine import TorchRolloutEngine
+from stratarl.rollout.weight_sync import (
+    DEFAULT_BUCKET_BYTES,
+    WeightLoadReport,
+    WeightSyncTarget,
+    push_weights,
+)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The keyword arguments of `PolicyWorker`: one model directory, its actor settings and roles."""
+
+    model_path: str
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    actor_kwargs: dict = field(default_factory=dict)
+    reference_kwargs: dict | None = None
+    lora: dict | None = None
+    dtype: str = "float32"
+    rollout_dtype: str = "float32"
+    with_reference: bool = False
+    rollout_seed: int = 0
+    max_num_seqs: int = 256
+
+    def worker_kwargs(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+class PolicyRank(PolicyWorker):
+    """Rank `rank` of `world_size`. Built in two steps because the ranks must meet first: the
+    constructor only sets this process's threads; `join(address, port)`, called on every rank at
+    once with the address rank 0 chose (`rendezvous_address`), joins the group and builds the models.
+
+    with_rollout: serve generation here too (colocated plan); otherwise rollout replicas elsewhere
+        receive the weights from rank 0 (`push_weights`).
+
+    `PolicyWorker.__init__` is not run (its copies of the model must be taken before sharding here),
+    but the same attributes are set (actor, reference, rollout, pad_token_id), so the inherited
+    methods apply. A LoRA actor syncs its merged weights (not the adapter alone) from here.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        threads: int,
+        spec: PolicySpec,
+        with_rollout: bool,
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ):
+        transformers.logging.disable_progress_bar()  # no per-process load bars in the driver log
+        torch.set_num_threads(threads)  # this process's CPU share: never more threads than cores
+        self.rank, self.world_size, self.spec = rank, world_size, spec
+        self.with_rollout, self.backend, self.timeout_s = with_rollout, backend, timeout_s
+        self.actor, self.reference, self.rollout = None, None, None
+        self.pad_token_id = spec.pad_token_id
+
+    # --- start-up --------------------------------------------------------------------------------
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def rendezvous_address(self, loopback: bool) -> tuple[str, int]:
+        """Where the group meets: this node's address (loopback when every rank is on this node)
+        and a port free here now."""
+        host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def join(self, address: str, port: int) -> None:
+        """Join the process group, then load the model and shard the actor (and reference) over it."""
+        join_process_group(
+            address=address,
+            port=port,
+            rank=self.rank,
+            world_size=self.world_size,
+            backend=self.backend,
+            timeout_s=self.timeout_s,
+        )
+        dp = DataParallel.over_world()
+        spec = self.spec
+        model = load_causal_lm(spec.model_path, spec.dtype)
+        # Copies are taken before sharding: fully_shard turns the model's parameters into DTensors.
+        if self.with_rollout:
+            served = copy.deepcopy(model).to(DTYPES[spec.rollout_dtype]).eval().requires_grad_(False)
+            self.rollout = TorchRolloutEngine(
+                served,
+                eos_token_ids=list(spec.eos_token_ids),
+                pad_token_id=spec.pad_token_id,
+                seed=spec.rollout_seed + self.rank,
+                max_num_seqs=spec.max_num_seqs,
+                replica_id=self.rank,
+            )
+        frozen = copy.deepcopy(model) if spec.with_reference and not spec.lora else None
+        if spec.lora:  # {rank, alpha, target_modules}: only the adapters train
+            model = apply_lora(model, **spec.lora)
+        self.actor = Actor(model, **spec.actor_kwargs, data_parallel=dp)
+        if spec.with_reference and spec.lora:  # the base under the adapter: no second copy
+            self.reference = Reference.base_of(self.actor)
+        elif spec.with_reference:
+            settings = {"micro_batch_size": self.actor.micro_batch_size} | (spec.reference_kwargs or {})
+            self.reference = Reference(
+                frozen, temperature=self.actor.temperature, data_parallel=dp, **settings
+            )
+
+    def leave(self) -> None:
+        leave_process_group()
+
+    # --- generation (colocated plan) -------------------------------------------------------------
+    def generate_requests(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        return self.rollout.generate(requests)
+
+    def served_version(self) -> int:
+        return self.rollout.weight_version
+
+    # --- weights ---------------------------------------------------------------------------------
+    def sync_weights(self, version: int | None = None) -> WeightLoadReport:
+        """Colocated: rank 0 gathers the full weights (every rank joins the gather; LoRA merged) and
+        hands them to the other ranks, then every rank's engine loads them as `version` (default +1)."""
+        if self.rollout is None:
+            raise RuntimeError(f"rank {self.rank} serves no generation: use push_weights to the replicas")
+        state = self.actor.export_weights()  # full on rank 0, {} elsewhere
+        if self.world_size > 1:
+            state = self.actor.dp.broadcast_object(state)
+        version = self.rollout.weight_version + 1 if version is None else version
+        return self.rollout.load_weights(state, version)
+
+    def push_weights(
+        self, replicas: Sequence[WeightSyncTarget], *, version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> list[WeightLoadReport]:
+        """Split plan: every rank joins the gather; rank 0 sends the weights to each rollout replica in
+        buckets, directly (not through the controller), and checks each replica's version and checksum."""
+        state = self.actor.export_weights()
+        if self.rank != 0:
+            return []
+        return push_weights(state, replicas, version=version, bucket_bytes=bucket_bytes)
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """The actor as an HF directory; a collective (the full weights are gathered), rank 0 writes."""
+        return self.actor.save_hf(out_dir)

@@ -1,0 +1,181 @@
+"""Layer 3, orchestration: the policy's worker group — `PolicyWorker`'s methods over D data-parallel ranks.
+
+The trainer holds one `PolicyWorkerGroup` and calls it as it would call one `PolicyWorker`. Each
+method body is the data path: split the batch over the ranks (`dispatch`), call every rank through
+its backend (`ranks`: in this process, or Ray actors), gather the outputs in the original row
+order. One-to-all calls (weight sync, save) send the same arguments to every rank, because the
+ranks gather the sharded weights together. With a separate rollout pool (split plan), generation
+goes to the replicas, and weight sync pushes from training rank 0 to them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stratarl.cluster.dispatch import gather_from_ranks, split_for_ranks, split_for_update
+from stratarl.cluster.policy_rank import PolicySpec
+from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.ranks import InProcessRanks, RayRanks
+from stratarl.cluster.rollout_replica import RolloutReplicas
+from stratarl.engine.actor import LossFn
+from stratarl.rollout.interface import SamplingParams
+from stratarl.rollout.router import RolloutRouter
+from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightLoadReport, WeightSyncError
+from stratarl.transport.data_proto import DataProto
+
+# What a log-prob forward reads: only these columns travel to the ranks.
+SCORING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+class PolicyWorkerGroup:
+    """The policy's ranks behind `PolicyWorker`'s methods.
+
+    ranks: `InProcessRanks` of `PolicyWorker`s or `RayRanks` of `PolicyRank` actors (rank r = shard r).
+    rollout: the engines that generate — the ranks' own (colocated) or a rollout pool's replicas.
+    separate_rollout: True when the rollout engines are not on the ranks (split plan): weight sync
+        then pushes from training rank 0 to them instead of loading on every rank.
+    linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks.
+    """
+
+    def __init__(
+        self,
+        ranks: InProcessRanks | RayRanks,
+        rollout: RolloutReplicas,
+        *,
+        separate_rollout: bool = False,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        linear_coeff: float = 0.0,
+    ):
+        self.ranks, self.engines, self.separate_rollout = ranks, rollout, separate_rollout
+        self.bucket_bytes, self.linear_coeff = bucket_bytes, linear_coeff
+
+    @classmethod
+    def in_process(cls, spec: PolicySpec) -> PolicyWorkerGroup:
+        """The embedded backend: one `PolicyWorker` in this process, generating with its own engine."""
+        worker = PolicyWorker(**spec.worker_kwargs())
+        return cls(
+            InProcessRanks("actor", [worker]),
+            RolloutReplicas([worker.rollout], pad_token_id=spec.pad_token_id),
+        )
+
+    @property
+    def size(self) -> int:
+        return self.ranks.size
+
+    # --- rollout -------------------------------------------------------------------------------
+    def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
+        """One response per row, row i seeded seed + i; the router keeps a prompt's n samples on one
+        engine and balances the rest by load."""
+        return self.engines.generate(prompts, sampling, seed=seed)
+
+    @property
+    def rollout(self) -> RolloutRouter:
+        """The generation engines as one `RolloutEngine` (what an agent loop drives)."""
+        return self.engines.router
+
+    def sync_weights(self, version: int | None = None) -> WeightLoadReport:
+        """Actor -> rollout as `version` (default: version + 1). One-to-all: every rank joins the
+        gather of the weights."""
+        if self.separate_rollout:
+            version = self.engines.weight_version + 1 if version is None else version
+            pushed = self.ranks.call_all(
+                "weight_sync",
+                "push_weights",
+                self.engines.targets,
+                version=version,
+                bucket_bytes=self.bucket_bytes,
+            )
+            reports = pushed[0]  # rank 0 sent: one report per replica
+        else:
+            reports = self.ranks.call_all("weight_sync", "sync_weights", version)
+        if len({r.version for r in reports}) != 1:
+            raise WeightSyncError(
+                f"rollout engines report versions {[r.version for r in reports]} after a sync"
+            )
+        return reports[0]
+
+    @property
+    def weight_version(self) -> int:
+        return self.engines.weight_version
+
+    # --- actor / reference -----------------------------------------------------------------------
+    def compute_log_prob(
+        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
+    ) -> DataProto:
+        split = split_for_ranks(self._scoring_columns(batch), self.size, linear_coeff=self.linear_coeff)
+        options = {"with_entropy": with_entropy, "with_sum_pi_squared": with_sum_pi_squared}
+        calls = [((shard,), options) for shard in split.shards]
+        return gather_from_ranks(self.ranks.call("actor.log_prob", "compute_log_prob", calls), split)
+
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        split = split_for_ranks(self._scoring_columns(batch), self.size, linear_coeff=self.linear_coeff)
+        calls = [((shard,), {}) for shard in split.shards]
+        return gather_from_ranks(self.ranks.call("reference.log_prob", "compute_ref_log_prob", calls), split)
+
+    def update_actor(
+        self,
+        batch: DataProto,
+        loss_fn: LossFn,
+        *,
+        mini_batch_size: int,
+        epochs: int = 1,
+        shuffle_seed: int | None = None,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
+        ranks average their metrics among themselves, so rank 0's are the group's."""
+        # Engines and losses read tensor columns only: texts, sources and ids stay with the controller.
+        tensors = batch.select(batch.tensor_keys)
+        split = split_for_update(tensors, self.size, mini_batch_size, linear_coeff=self.linear_coeff)
+        options = dict(
+            mini_batch_size=split.local_mini_batch_size,
+            epochs=epochs,
+            shuffle_seed=shuffle_seed,
+            with_entropy=with_entropy,
+        )
+        metrics = self.ranks.call(
+            "actor.update", "update_actor", [((s, loss_fn), options) for s in split.shards]
+        )
+        return metrics[0] | ({"actor/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {})
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """The actor as an HF directory (one-to-all: the ranks gather the weights, rank 0 writes)."""
+        return self.ranks.call_all("save", "save_pretrained", out_dir)[0]
+
+    def save_checkpoint(self, root: str | Path, step: int, **kwargs: Any) -> Path:
+        """One-to-all: every rank joins the gather of its shards; rank 0 writes (`PolicyWorker`)."""
+        if kwargs.get("extra_roles"):
+            raise NotImplementedError(
+                f"roles {sorted(kwargs['extra_roles'])} live in the controller's process, not on the "
+                "policy's ranks: a worker group checkpoints the policy only"
+            )
+        return self.ranks.call_all("save", "save_checkpoint", root, step, **kwargs)[0]
+
+    def load_checkpoint(self, root: str | Path, *, step: int | None = None, **kwargs: Any):
+        """One-to-all: every rank restores its shards and RNG state; rank 0's result is returned."""
+        if kwargs.get("extra_roles"):
+            raise NotImplementedError("a worker group restores the policy only (see save_checkpoint)")
+        return self.ranks.call_all("load", "load_checkpoint", root, step=step)[0]
+
+    # --- the group -------------------------------------------------------------------------------
+    def controller_bytes(self) -> dict[str, float]:
+        """Bytes the controller sent to and received from other processes since the last call: the
+        ranks' calls and the rollout's requests and results (0 in one process)."""
+        ranks, rollout = self.ranks.traffic.take(), self.engines.take_traffic()
+        return {key: ranks[key] + rollout[key] for key in ranks}
+
+    def shutdown(self) -> None:
+        self.ranks.stop()
+        if self.separate_rollout:
+            self.engines.stop()
+
+    @staticmethod
+    def _scoring_columns(batch: DataProto) -> DataProto:
+        return batch.select([c for c in SCORING_COLUMNS if c in batch], meta_keys=[])
+
+    def __enter__(self) -> PolicyWorkerGroup:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

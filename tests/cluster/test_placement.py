@@ -1,0 +1,112 @@
+"""Placement plans: what goes where, impossible plans rejected naming keys, docs drawn from the plans."""
+
+from pathlib import Path
+
+import pytest
+
+from stratarl.cluster.placement import (
+    Bundle,
+    PlacementError,
+    PlacementPlan,
+    ResourcePool,
+    WorkerSizes,
+    make_plan,
+    validate_plan,
+)
+from stratarl.cluster.plan_diagram import DOC_PLANS, docs_section, render_mermaid
+
+ROLES = ["actor", "rollout", "reference"]
+
+
+def test_colocated_plan_puts_every_role_on_each_training_process():
+    plan = make_plan("colocated", WorkerSizes(training_workers=2, cpus_per_training_worker=0.5))
+    (pool,) = plan.pools
+    assert pool.world_size == 2 and pool.cpus == 1.0
+    assert plan.roles_on("policy") == ROLES
+    assert plan.is_colocated("actor", "rollout") and plan.is_colocated("actor", "reference")
+    assert pool.bundles[0].as_ray() == {"CPU": 0.5}  # no GPU key at 0: Ray rejects zero amounts
+    assert pool.bundles[0].threads == 1  # a half-core process still gets one thread
+
+
+def test_split_plan_gives_rollout_its_own_pool():
+    sizes = WorkerSizes(
+        training_workers=2, rollout_replicas=3, cpus_per_rollout_replica=2, gpus_per_training_worker=1
+    )
+    plan = make_plan("split", sizes, roles=["actor", "rollout", "reference", "critic"])
+    assert [p.name for p in plan.pools] == ["training", "rollout"]
+    assert plan.roles_on("training") == ["actor", "reference", "critic"]
+    assert plan.roles_on("rollout") == ["rollout"]
+    assert not plan.is_colocated("actor", "rollout")
+    assert plan.pool_of("rollout").world_size == 3 and plan.pool_of("rollout").bundles[0].threads == 2
+    assert plan.pool_of("actor").gpus == 2.0
+    validate_plan(plan, roles=["actor", "rollout"], cluster_cpus=8, cluster_gpus=2)
+
+
+def test_a_plan_that_fits_exactly_passes_and_one_cpu_more_fails_naming_the_sizes():
+    fits = make_plan("split", WorkerSizes(training_workers=2, cpus_per_training_worker=0.5))
+    validate_plan(fits, roles=ROLES, cluster_cpus=2)  # 2 × 0.5 + 1 × 1 = 2 CPUs
+    too_big = make_plan("split", WorkerSizes(training_workers=2))
+    with pytest.raises(PlacementError) as caught:
+        validate_plan(too_big, roles=ROLES, cluster_cpus=2)
+    assert "needs 3 CPUs (training 2, rollout 1), the cluster has 2" in str(caught.value)
+    assert {"cluster.training_workers", "cluster.cpus_per_training_worker", "cluster.rollout_replicas",
+            "cluster.num_cpus"} <= caught.value.keys  # fmt: skip
+
+
+def test_gpu_demand_is_checked_like_cpus():
+    plan = make_plan("colocated", WorkerSizes(training_workers=4, gpus_per_training_worker=1))
+    with pytest.raises(PlacementError, match="needs 4 GPUs"):
+        validate_plan(plan, roles=ROLES, cluster_cpus=64, cluster_gpus=2)
+
+
+def test_role_without_pool_and_unknown_names_are_named():
+    plan = make_plan("colocated", WorkerSizes())
+    with pytest.raises(PlacementError) as caught:
+        validate_plan(plan, roles=["actor", "critic", "judge"], cluster_cpus=4)
+    message = str(caught.value)
+    assert "role 'critic' has no pool in the 'colocated' plan" in message
+    assert "role 'judge' is unknown" in message
+    assert caught.value.keys == {"cluster.placement"}
+    dangling = PlacementPlan("custom", (ResourcePool("a", (Bundle(),)),), {"actor": "b"})
+    with pytest.raises(PlacementError, match="pool 'b', which the plan lacks"):
+        validate_plan(dangling, roles=["actor"], cluster_cpus=4)
+    with pytest.raises(PlacementError, match="unknown plan 'hybrid'") as caught:
+        make_plan("hybrid", WorkerSizes())
+    assert caught.value.keys == {"cluster.placement"}
+
+
+def test_world_size_that_does_not_divide_the_batch_names_the_batch_keys():
+    plan = make_plan("colocated", WorkerSizes(training_workers=3))
+    rows = {("data.prompts_per_step", "rollout.n"): 24, ("actor.prompts_per_mini_batch", "rollout.n"): 8}
+    with pytest.raises(PlacementError) as caught:
+        validate_plan(plan, roles=ROLES, cluster_cpus=3, rows_per_rank_split=rows)
+    (problem,) = caught.value.problems  # 24 splits over 3, 8 does not
+    assert problem.keys == ("actor.prompts_per_mini_batch", "rollout.n", "cluster.training_workers")
+    assert "8 rows do not split evenly over 3 training workers" in problem.message
+
+
+def test_impossible_resource_amounts_and_empty_pools_are_rejected_together():
+    plan = make_plan("split", WorkerSizes(training_workers=0, cpus_per_rollout_replica=1.5))
+    with pytest.raises(PlacementError) as caught:
+        validate_plan(plan, roles=ROLES, cluster_cpus=16)
+    messages = [p.message for p in caught.value.problems]
+    assert any("pool 'training' has no process" in m for m in messages)
+    assert any("1.5 is not a share ≤ 1 or a whole number" in m for m in messages)
+    no_resources = make_plan("colocated", WorkerSizes(cpus_per_training_worker=0))
+    with pytest.raises(PlacementError, match="a process needs some CPU or GPU"):
+        validate_plan(no_resources, roles=ROLES, cluster_cpus=16)
+
+
+def test_drawing_shows_each_process_its_roles_and_the_weight_path():
+    split = render_mermaid(make_plan("split", DOC_PLANS["split"]))
+    assert 'training0["process 0<br/>actor · reference"]' in split
+    assert "training0 ==>|weights in buckets| rollout0" in split
+    assert "training0 <-.->|FSDP2 collectives| training1" in split
+    colocated = render_mermaid(make_plan("colocated", DOC_PLANS["colocated"]))
+    assert "weights in buckets" not in colocated  # each process loads its own engine
+    assert colocated.count("actor · rollout · reference") == 2
+
+
+def test_architecture_doc_pictures_are_generated_from_the_plans():
+    doc = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert docs_section() in doc, "run: python -m stratarl.cluster.plan_diagram docs/architecture.md"
