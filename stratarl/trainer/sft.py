@@ -8,6 +8,7 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +95,14 @@ def run_sft(
     seed: int,
     log: RunLog,
     log_every: int = 10,
+    make_batch: Callable[[PromptDataset, list[int], Any], DataProto] | None = None,
 ) -> dict[str, float]:
-    """`total_steps` optimizer steps of SFT; the rollout engine is synced at the end."""
+    """`total_steps` optimizer steps of SFT; the rollout engine is synced at the end. `make_batch`
+    lays out the examples (default `sft_batch`; multi-turn: `agent_sft.agent_sft_batch`)."""
     sampler = PromptSampler(len(dataset), batch_size=examples_per_step, seed=seed)
     metrics: dict[str, float] = {}
     for step in range(1, total_steps + 1):
-        batch = sft_batch(dataset, sampler.next_batch(), tokenizer)
+        batch = (make_batch or sft_batch)(dataset, sampler.next_batch(), tokenizer)
         metrics = worker.update_actor(batch, sft_loss, mini_batch_size=len(batch))
         metrics = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in metrics.items()}
         log.log_metrics(step, metrics, phase="sft")

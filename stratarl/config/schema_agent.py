@@ -1,0 +1,108 @@
+"""Layer 1, config: multi-turn agent rollout, `agent.*` (verl's `rollout.multi_turn.*`, `rollout.agent.*`).
+
+With `agent.enable` the trainer's generate phase runs episodes of the agent loop (generate → parse
+tool calls → run tools → append observations → generate …) instead of one generation per prompt;
+validation does too. The keys become `stratarl.agent.tool_loop.LoopLimits` in the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from stratarl.config.errors import ConfigProblem
+from stratarl.config.setting import setting
+
+MT = "actor_rollout_ref.rollout.multi_turn"  # verl's prefix of the multi-turn settings
+AGENT_LOOPS = ("tool_agent", "single_turn_agent")
+TRUNCATE_SIDES = ("head", "tail", "middle")
+
+
+@dataclass
+class AgentConfig:
+    """Episodes with tools and interactions. `rollout.max_response_tokens` (T) is the budget of the
+    whole response: every assistant turn AND every observation appended after it."""
+
+    enable: bool = setting(
+        False, "run the agent loop in the generate phase and in validation", verl=f"{MT}.enable"
+    )
+    default_agent: str = setting(
+        "tool_agent",
+        "agent loop of every row (the dataset's agent_name column is not read)",
+        verl="actor_rollout_ref.rollout.agent.default_agent_loop",
+        choices=AGENT_LOOPS,
+    )
+    tool_config_path: str = setting(
+        "", "YAML tool config (verl's format); empty: no tools", verl=f"{MT}.tool_config_path"
+    )
+    interaction_config_path: str = setting(
+        "", "YAML interaction config; empty: no interactions", verl=f"{MT}.interaction_config_path"
+    )
+    max_assistant_turns: int | None = setting(
+        None, "stop after this many assistant turns; null: no limit", verl=f"{MT}.max_assistant_turns"
+    )
+    max_user_turns: int | None = setting(
+        None,
+        "stop after this many observations (tool results, interaction replies); null: no limit",
+        verl=f"{MT}.max_user_turns",
+    )
+    tool_format: str = setting(
+        "hermes", "tool-call format the model writes", verl=f"{MT}.format", choices=("hermes", "llama3_json")
+    )
+    on_parse_error: str = setting(
+        "terminate",
+        "a malformed tool call ends the episode, or is answered with the parse error as a tool message",
+        choices=("terminate", "feedback"),
+    )
+    tool_timeout_s: float = setting(10.0, "seconds one tool call may take; a timeout is a tool error")
+    max_parallel_calls: int = setting(
+        1, "tool calls run per assistant turn (extra calls are dropped)", verl=f"{MT}.max_parallel_calls"
+    )
+    max_tool_response_chars: int = setting(
+        256, "a longer tool result is truncated", verl=f"{MT}.max_tool_response_length"
+    )
+    truncate_side: str = setting(
+        "middle",
+        "what truncation keeps: the head, the tail, or both ends (verl's left/right are head/tail)",
+        verl=f"{MT}.tool_response_truncate_side",
+        choices=TRUNCATE_SIDES,
+    )
+    streaming_reward: bool = setting(
+        False, "score each episode as it finishes (a process pool), overlapping generation"
+    )
+    reward_workers: int = setting(2, "scoring processes when streaming_reward is on")
+
+
+def agent_problems(agent: AgentConfig, *, adv_estimator: str) -> list[ConfigProblem]:
+    """What `validate_config` cannot see in `agent.*`: ranges, and combinations the loop cannot run."""
+    if not agent.enable:
+        return []
+    checks = [
+        (agent.max_parallel_calls < 1, "agent.max_parallel_calls", "must be ≥ 1"),
+        (agent.tool_timeout_s <= 0, "agent.tool_timeout_s", "must be > 0"),
+        (agent.max_tool_response_chars < 1, "agent.max_tool_response_chars", "must be ≥ 1"),
+        (agent.reward_workers < 1, "agent.reward_workers", "must be ≥ 1"),
+        (
+            agent.max_assistant_turns is not None and agent.max_assistant_turns < 1,
+            "agent.max_assistant_turns",
+            "must be ≥ 1 or null",
+        ),
+        (
+            agent.max_user_turns is not None and agent.max_user_turns < 1,
+            "agent.max_user_turns",
+            "must be ≥ 1 or null",
+        ),
+    ]
+    problems = [ConfigProblem((key,), message) for fails, key, message in checks if fails]
+    for key in ("agent.tool_config_path", "agent.interaction_config_path"):
+        path = getattr(agent, key.partition(".")[2])
+        if path and not Path(path).is_file():
+            problems.append(ConfigProblem((key,), f"file not found: {path}"))
+    if adv_estimator == "remax":
+        problems.append(
+            ConfigProblem(
+                ("agent.enable", "algorithm.adv_estimator"),
+                "remax's greedy baseline is a single-turn generation; it is not defined for agent episodes",
+            )
+        )
+    return problems

@@ -1,0 +1,187 @@
+"""Layer 2, control flow: the generate phase as multi-turn agent episodes (`agent.enable`).
+
+Instead of one generation per row, `AgentRollout.generate` runs `stratarl.agent.AgentLoopRunner`
+on the worker's rollout engine (generate → parse tool calls → run tools → append observations →
+generate …) and lays the finished trajectories out as the same batch edge the single-turn phase
+writes — `prompts`, `responses` (assistant AND observation tokens), `input_ids`, `attention_mask`,
+`position_ids`, `response_mask` (1 on sampled tokens only), `rollout_log_probs` (0 under mask 0),
+`weight_version`, `finish_reason` — plus `num_turns` and `agent_record`, one JSON record per row
+(turns, tool calls with name/arguments/result/duration/error, stop reason; DESIGN.md §4). With
+`agent.streaming_reward` each episode is scored as it finishes and `token_level_scores` is written
+too (the trainer then skips its reward phase).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stratarl.agent.batch_edge import trajectories_to_batch
+from stratarl.agent.interactions.base import Interaction, load_interactions
+from stratarl.agent.metrics import agent_metrics
+from stratarl.agent.rendering import ChatRenderer
+from stratarl.agent.runner import AgentLoopRunner
+from stratarl.agent.scoring import StreamingScorer
+from stratarl.agent.tool_loop import LoopLimits
+from stratarl.agent.tools.base import Tool
+from stratarl.agent.tools.registry import load_tools
+from stratarl.agent.trajectory import Trajectory
+from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.config import ConfigError, RunConfig
+from stratarl.config.schema_agent import agent_problems
+from stratarl.reward.batch_scorer import RewardResult
+from stratarl.reward.process_pool import ScoringPool
+from stratarl.rollout.interface import SamplingParams
+from stratarl.trainer.phases import ROLLOUT_FIELDS, reward_extra_columns
+from stratarl.transport.data_proto import DataProto
+from stratarl.transport.field_checks import validate
+
+# The fields of an agent record that join the trainer's per-trajectory record in trajectories.jsonl.
+RECORD_FIELDS = (
+    "stop_reason",
+    "num_turns",
+    "num_assistant_turns",
+    "num_user_turns",
+    "action_tokens",
+    "turns",
+)
+
+
+@dataclass
+class AgentRollout:
+    """What every episode of the run shares; built once by `build_agent_rollout`."""
+
+    renderer: ChatRenderer
+    limits: LoopLimits
+    tools: dict[str, Tool] = field(default_factory=dict)
+    interactions: dict[str, Interaction] = field(default_factory=dict)
+    default_agent: str = "tool_agent"
+    compute_score: Callable[..., Any] | None = None  # set: score while generating (streaming)
+    reward_workers: int = 2
+    reward_timeout_s: float = 10.0
+    _pool: ScoringPool | None = field(default=None, repr=False)
+
+    def runner(self, worker: PolicyWorker) -> AgentLoopRunner:
+        """A runner on the worker's rollout engine (it serves the weights of the last sync)."""
+        return AgentLoopRunner(
+            worker.rollout, self.renderer, self.limits, self.tools, self.interactions, self.default_agent
+        )
+
+    def run(
+        self, worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, seed: int | None
+    ) -> tuple[list[Trajectory], RewardResult | None]:
+        """One finished trajectory per row, and their rewards when scored while generating."""
+        rows = episode_rows(batch)
+        if self.compute_score is None:
+            return self.runner(worker).run_sync(rows, sampling, seed=seed), None
+        if self._pool is None:  # started once: spawning scorer processes costs seconds
+            self._pool = ScoringPool(
+                self.compute_score, num_workers=self.reward_workers, timeout_s=self.reward_timeout_s
+            )
+        scorer = StreamingScorer(self._pool, self.renderer.tokenizer)
+        trajectories = self.runner(worker).run_sync(rows, sampling, seed=seed, on_finished=scorer)
+        return trajectories, scorer.result()
+
+    def generate(
+        self, worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, *, seed: int | None
+    ) -> tuple[DataProto, dict[str, float]]:
+        """The rollout phase for N rows: (batch with the rollout fields, agent and reward metrics)."""
+        trajectories, scored = self.run(worker, batch, sampling, seed)
+        tensors, records = trajectories_to_batch(
+            trajectories,
+            pad_token_id=self.renderer.tokenizer.pad_token_id,
+            max_response_len=sampling.max_tokens,  # T: every batch of the run has the same width
+        )
+        non_tensors = {
+            "finish_reason": _objects([_finish_reason(t) for t in trajectories]),
+            "agent_record": _objects(records),
+        }
+        batch = batch.union(DataProto.from_dict(tensors, non_tensors))
+        writes = [*ROLLOUT_FIELDS, "rollout_log_probs", "weight_version"]
+        metrics = agent_metrics(trajectories)
+        if scored is not None:
+            batch = batch.union(DataProto.from_dict(reward_extra_columns(scored, batch)))
+            writes.append("token_level_scores")
+            metrics |= scored.metrics()
+        validate(batch, writes=writes, phase="rollout")
+        return batch, metrics
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def build_agent_rollout(
+    cfg: RunConfig, tokenizer: Any, compute_score: Callable[..., Any] | None
+) -> AgentRollout | None:
+    """The agent rollout of `cfg.agent`, or None when `agent.enable` is false (single-turn).
+    `compute_score` is used only with `agent.streaming_reward` (in scoring processes: picklable)."""
+    a = cfg.agent
+    problems = agent_problems(a, adv_estimator=cfg.algorithm.adv_estimator)
+    if problems:
+        raise ConfigError(problems)
+    if not a.enable:
+        return None
+    limits = LoopLimits(
+        response_budget=cfg.rollout.max_response_tokens,
+        max_assistant_turns=a.max_assistant_turns,
+        max_user_turns=a.max_user_turns,
+        max_parallel_calls=a.max_parallel_calls,
+        tool_timeout_s=a.tool_timeout_s,
+        max_tool_response_chars=a.max_tool_response_chars,
+        truncate_side=a.truncate_side,
+        on_parse_error=a.on_parse_error,
+        tool_format=a.tool_format,
+    )
+    return AgentRollout(
+        renderer=ChatRenderer(tokenizer),
+        limits=limits,
+        tools=load_tools(a.tool_config_path) if a.tool_config_path else {},
+        interactions=load_interactions(a.interaction_config_path) if a.interaction_config_path else {},
+        default_agent=a.default_agent,
+        compute_score=compute_score if a.streaming_reward else None,
+        reward_workers=a.reward_workers,
+        reward_timeout_s=cfg.reward.timeout_s,
+    )
+
+
+def episode_rows(batch: DataProto) -> list[dict[str, Any]]:
+    """The runner's input rows from N expanded prompts (`uid`, `sample_index` and the columns of
+    `collate_prompts`); request ids read `<uid>/<sample index>`."""
+    return [
+        {
+            "request_id": f"{batch['uid'][i]}/{int(batch['sample_index'][i])}",
+            "prompt_ids": list(batch["raw_prompt_ids"][i]),
+            "messages": list(batch["raw_prompt"][i]),
+            "data_source": batch["data_source"][i],
+            "ground_truth": batch["ground_truth"][i],
+            "extra_info": dict(batch["extra_info"][i] or {}),
+        }
+        for i in range(len(batch))
+    ]
+
+
+def with_agent_records(records: Sequence[dict[str, Any]], batch: DataProto) -> list[dict[str, Any]]:
+    """The trainer's per-trajectory records plus each row's turns, tool calls and stop reason (agent
+    runs); the records unchanged otherwise."""
+    if "agent_record" not in batch:
+        return list(records)
+    agent = batch["agent_record"]
+    return [record | {k: agent[i][k] for k in RECORD_FIELDS} for i, record in enumerate(records)]
+
+
+def _finish_reason(trajectory: Trajectory) -> str:
+    """The engine's finish reason of the last assistant turn ("stop" / "length")."""
+    reasons = [t.finish_reason for t in trajectory.turns if t.role == "assistant" and t.finish_reason]
+    return reasons[-1] if reasons else "length"
+
+
+def _objects(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
