@@ -17,9 +17,16 @@ def _default_run_dir(name: str) -> Path:
 
 
 def _quickstart(args: argparse.Namespace) -> int:
+    if args.task == "tool":
+        from stratarl.trainer.tool_quickstart import ToolTaskSettings, run_tool_quickstart
+
+        run_dir = args.run_dir or _default_run_dir("quickstart-tool")
+        task = ToolTaskSettings(model_size=args.model_size) if args.model_size else ToolTaskSettings()
+        run_tool_quickstart(run_dir, seed=args.seed, overrides=args.overrides, task=task)
+        return 0
     from stratarl.trainer.quickstart import TaskSettings, run_quickstart
 
-    task = TaskSettings(model_size=args.model_size)
+    task = TaskSettings(model_size=args.model_size or "1m")
     run_quickstart(
         args.run_dir or _default_run_dir("quickstart"), seed=args.seed, overrides=args.overrides, task=task
     )
@@ -31,7 +38,10 @@ def _train(args: argparse.Namespace) -> int:
     from stratarl.trainer.rl_trainer import RLTrainer
 
     cfg = load_config(args.recipe, args.overrides)
-    run_dir = cfg.trainer.run_dir or _default_run_dir(cfg.trainer.experiment_name)
+    # The documented default, the same on every launch: running the command again resumes the run
+    # from its newest checkpoint (trainer.resume_mode=auto), as verl's default_local_dir does.
+    t = cfg.trainer
+    run_dir = t.run_dir or Path(t.output_root) / t.project_name / t.experiment_name
     RLTrainer(cfg, run_dir).fit()
     return 0
 
@@ -71,7 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     quick.add_argument("--run-dir", help="where everything is written (default runs/quickstart-<time>)")
     quick.add_argument("--seed", type=int, default=0)
-    quick.add_argument("--model-size", default="1m", help="tiny model preset (1m, 5m, 10m, 50m)")
+    quick.add_argument(
+        "--model-size", help="tiny model preset (1m, 5m, 10m, 50m); default: 1m, or 5m with --task tool"
+    )
+    quick.add_argument(
+        "--task",
+        choices=("arithmetic", "tool"),
+        default="arithmetic",
+        help="arithmetic: + and − in one turn; tool: multiplication with a calculator tool (multi-turn)",
+    )
     quick.add_argument(
         "overrides", nargs="*", help="dotted config overrides, e.g. sft.total_steps=200 rollout.n=8"
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stratarl.config.schema_agent import AgentConfig
 from stratarl.config.schema_algorithm import AlgorithmConfig
 from stratarl.config.schema_data import DataConfig, ModelConfig, RewardConfig
 from stratarl.config.schema_training import (
@@ -19,6 +20,7 @@ from stratarl.config.schema_training import (
 from stratarl.config.setting import section, setting
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+RESUME_MODES = ("auto", "disable", "resume_path")
 
 
 @dataclass
@@ -35,7 +37,22 @@ class TrainerConfig:
     )
     test_freq: int = setting(10, "validate every this many steps; ≤ 0: never", verl="trainer.test_freq")
     save_freq: int = setting(
-        0, "save a checkpoint every this many steps; ≤ 0: only at the end", verl="trainer.save_freq"
+        0,
+        "save a checkpoint every this many steps (and at the last step); ≤ 0: never",
+        verl="trainer.save_freq",
+    )
+    resume_mode: str = setting(
+        "auto",
+        "auto: continue from the newest complete checkpoint in <run_dir>/checkpoints if there is one; "
+        "disable: start fresh; resume_path: continue from trainer.resume_from_path",
+        verl="trainer.resume_mode",
+        choices=RESUME_MODES,
+    )
+    resume_from_path: str = setting(
+        "", "a global_step_N checkpoint directory (resume_mode=resume_path)", verl="trainer.resume_from_path"
+    )
+    max_checkpoints_to_keep: int | None = setting(
+        None, "newest complete checkpoints kept; null: all", verl="trainer.max_actor_ckpt_to_keep"
     )
     val_before_train: bool = setting(
         True, "validate once before the first step", verl="trainer.val_before_train"
@@ -77,6 +94,27 @@ class ClusterConfig:
     threads_per_worker: int | None = setting(
         None, "torch intra-op threads per worker process; null: leave torch's default"
     )
+    address: str | None = setting(
+        None,
+        "Ray cluster to join (backend=ray), e.g. 10.0.0.1:6379; null: start a private local cluster",
+        verl="ray_kwargs.ray_init.address",
+    )
+    placement: str = setting(
+        "colocated",
+        "colocated: each training worker also hosts rollout and reference; split: rollout on its own pool",
+        choices=("colocated", "split"),
+    )
+    training_workers: int = setting(
+        1, "data-parallel training processes (FSDP2 ranks) of the actor", verl="trainer.n_gpus_per_node"
+    )
+    rollout_replicas: int = setting(1, "rollout engine processes of the split placement")
+    cpus_per_training_worker: float = setting(1.0, "CPUs reserved per training process (≤ 1 or whole)")
+    cpus_per_rollout_replica: float = setting(1.0, "CPUs reserved per rollout replica (≤ 1 or whole)")
+    gpus_per_training_worker: float = setting(0.0, "GPUs reserved per training process")
+    gpus_per_rollout_replica: float = setting(0.0, "GPUs reserved per rollout replica")
+    call_timeout_s: float = setting(
+        600.0, "a remote call not answered within this many seconds stops the run, naming role, rank, phase"
+    )
 
 
 @dataclass
@@ -114,6 +152,7 @@ class RunConfig:
     data: DataConfig = section(DataConfig, "prompt datasets")
     model: ModelConfig = section(ModelConfig, "the policy model")
     rollout: RolloutConfig = section(RolloutConfig, "generation")
+    agent: AgentConfig = section(AgentConfig, "multi-turn agent rollout: tools, interactions, turn limits")
     actor: ActorConfig = section(ActorConfig, "the policy update")
     reference: ReferenceConfig = section(ReferenceConfig, "the frozen reference policy")
     critic: CriticConfig = section(CriticConfig, "the value model (PPO)")

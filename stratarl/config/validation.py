@@ -8,6 +8,7 @@ are collected and raised together; things that run but are probably unintended c
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,14 @@ RANGES: dict[str, Rule] = {
     "trainer.total_epochs": POSITIVE,
     "cluster.num_cpus": NULL_OR_POSITIVE,
     "cluster.threads_per_worker": NULL_OR_POSITIVE,
+    "cluster.training_workers": POSITIVE,
+    "cluster.rollout_replicas": POSITIVE,
+    "cluster.cpus_per_training_worker": NON_NEGATIVE,
+    "cluster.cpus_per_rollout_replica": NON_NEGATIVE,
+    "cluster.gpus_per_training_worker": NON_NEGATIVE,
+    "cluster.gpus_per_rollout_replica": NON_NEGATIVE,
+    "cluster.call_timeout_s": POSITIVE,
+    "trainer.max_checkpoints_to_keep": NULL_OR_POSITIVE,
     "sft.total_epochs": POSITIVE,
     "sft.total_steps": NULL_OR_POSITIVE,
     "sft.lr": NON_NEGATIVE,
@@ -88,6 +97,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *batch_size_problems(cfg),
         *_range_problems(cfg),
         *_combination_problems(cfg),
+        *_engine_problems(cfg),
         *(_path_problems(cfg) if check_paths else []),
     ]
     if problems:
@@ -213,6 +223,23 @@ def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
             f"{kl_ctrl.horizon}",
         ),
         (
+            "sum_pi_squared" in inputs and cfg.algorithm.rollout_correction.bypass_mode,
+            ("algorithm.adv_estimator", "algorithm.rollout_correction.bypass_mode"),
+            f"estimator {estimator!r} needs Σπ² from the actor's log-prob forward, which bypass mode skips",
+        ),
+        (
+            cfg.cluster.backend == "ray" and cfg.uses_critic,
+            ("cluster.backend", "algorithm.adv_estimator", "critic.enable"),
+            "the critic does not run on Ray workers yet (the policy does): use cluster.backend=in-process "
+            "for PPO with a critic, or an estimator without values on Ray",
+        ),
+        (
+            cfg.trainer.resume_mode == "resume_path"
+            and not re.fullmatch(r"global_step_\d+", Path(cfg.trainer.resume_from_path).name),
+            ("trainer.resume_from_path",),
+            f"must name a global_step_N checkpoint directory, got {cfg.trainer.resume_from_path!r}",
+        ),
+        (
             sft.trajectories_per_micro_batch > 0
             and sft.trajectories_per_step % sft.trajectories_per_micro_batch,
             ("sft.trajectories_per_step", "sft.trajectories_per_micro_batch"),
@@ -221,6 +248,45 @@ def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
         ),
     ]
     return [ConfigProblem(keys, message) for fails, keys, message in checks if fails]
+
+
+ENGINE_RANGES: dict[str, Rule] = {
+    "actor.max_tokens_per_micro_batch": NULL_OR_POSITIVE,
+    "actor.logit_chunk_size": NULL_OR_POSITIVE,
+    "actor.lora.rank": NON_NEGATIVE,
+    "actor.lora.alpha": POSITIVE,
+    "reference.max_tokens_per_micro_batch": NULL_OR_POSITIVE,
+    "reference.logit_chunk_size": NULL_OR_POSITIVE,
+    "critic.max_tokens_per_micro_batch": NULL_OR_POSITIVE,
+}
+
+
+def _engine_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    """Token budgets, logit chunks and LoRA settings of the training engine (layouts are `choices`)."""
+    problems = [
+        ConfigProblem((key,), f"must be {requirement}, got {get_by_key(cfg, key)!r}")
+        for key, (holds, requirement) in ENGINE_RANGES.items()
+        if not holds(get_by_key(cfg, key))
+    ]
+    targets = cfg.actor.lora.target_modules
+    names = isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets)
+    if targets != "all-linear" and not names:
+        message = (
+            f"must be all-linear or a non-empty list of module names like [q_proj, v_proj], got {targets!r}"
+        )
+        problems.append(ConfigProblem(("actor.lora.target_modules",), message))
+    longest = cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens  # one trajectory: P + T
+    for role in ("actor", "reference", "critic"):
+        budget = get_by_key(cfg, f"{role}.max_tokens_per_micro_batch")
+        if budget is not None and 0 < budget < longest:
+            keys = (
+                f"{role}.max_tokens_per_micro_batch",
+                "data.max_prompt_tokens",
+                "rollout.max_response_tokens",
+            )
+            message = f"a budget of {budget} tokens cannot hold one trajectory of up to {longest} tokens"
+            problems.append(ConfigProblem(keys, message))
+    return problems
 
 
 def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
@@ -249,6 +315,10 @@ def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
     scorer = cfg.reward.custom_function_path
     if scorer and not Path(scorer).is_file():
         problems.append(ConfigProblem(("reward.custom_function_path",), f"file not found: {scorer}"))
+    resume = cfg.trainer.resume_from_path
+    if cfg.trainer.resume_mode == "resume_path" and not (resume and Path(resume).is_dir()):
+        message = f"resume_mode=resume_path needs an existing global_step_N directory, got {resume!r}"
+        problems.append(ConfigProblem(("trainer.resume_mode", "trainer.resume_from_path"), message))
     return problems
 
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from transformers import AutoTokenizer
 
+from stratarl.algo.advantages import get_advantage_estimator
+from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import RunConfig
 from stratarl.data.collate import collate_prompts
@@ -19,7 +22,11 @@ from stratarl.reward.custom import load_custom_scorer
 from stratarl.reward.registry import default_compute_score
 from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer.actor_loss import ActorLoss
+from stratarl.trainer.critic_loss import ValueLoss
 from stratarl.transport.data_proto import DataProto
+
+if TYPE_CHECKING:  # the Ray backend imports ray: only when cluster.backend=ray asks for it
+    from stratarl.cluster.worker_group import PolicyWorkerGroup
 
 
 def load_tokenizer(cfg: RunConfig) -> Any:
@@ -32,11 +39,14 @@ def eos_token_ids(tokenizer: Any) -> list[int]:
 
 
 def load_prompts(
-    files: list[str], tokenizer: Any, *, max_prompt_tokens: int, limit: int | None
+    files: list[str], tokenizer: Any, *, max_prompt_tokens: int, limit: int | None, seed: int = 0
 ) -> PromptDataset:
+    """The prompts of `files`; with 0 ≤ limit < their number, a seeded subsample of `limit` of them in
+    file order (data.max_*_prompts; a negative limit or None keeps all)."""
     dataset = load_prompt_dataset(files, tokenizer, max_prompt_tokens=max_prompt_tokens)
-    if limit:  # a quick run on a prefix of the dataset (data.max_*_prompts)
-        dataset = PromptDataset(dataset.items[:limit], dataset.report)
+    if limit is not None and 0 <= limit < len(dataset):
+        keep = np.sort(np.random.default_rng(seed).choice(len(dataset), size=limit, replace=False))
+        dataset = PromptDataset([dataset.items[i] for i in keep], dataset.report)
     return dataset
 
 
@@ -48,16 +58,63 @@ def prompts_batch(dataset: PromptDataset, indices: list[int], pad_token_id: int)
 
 def build_policy_worker(
     cfg: RunConfig, tokenizer: Any, *, total_steps: int, model_path: str | None = None
-) -> PolicyWorker:
-    actor = cfg.actor
-    return PolicyWorker(
+) -> PolicyWorker | PolicyWorkerGroup:
+    """The policy's handle: one `PolicyWorker` in this process (cluster.backend=in-process), or a
+    worker group of Ray processes placed by cluster.placement — the trainer calls both the same way."""
+    kwargs = policy_worker_kwargs(cfg, tokenizer, total_steps=total_steps, model_path=model_path)
+    if cfg.cluster.backend != "ray":
+        return PolicyWorker(**kwargs)
+    from stratarl.cluster.placement import WorkerSizes, make_plan
+    from stratarl.cluster.policy_rank import PolicySpec
+    from stratarl.cluster.ray_policy_group import RayPolicyGroup
+
+    c, n = cfg.cluster, cfg.rollout.n
+    sizes = WorkerSizes(
+        c.training_workers,
+        c.rollout_replicas,
+        c.cpus_per_training_worker,
+        c.cpus_per_rollout_replica,
+        c.gpus_per_training_worker,
+        c.gpus_per_rollout_replica,
+    )
+    roles = ["actor", "rollout"] + (["reference"] if cfg.uses_reference else [])
+    return RayPolicyGroup(
+        PolicySpec(**kwargs),
+        make_plan(c.placement, sizes, roles),
+        address=c.address,
+        num_cpus=c.num_cpus,
+        call_timeout_s=c.call_timeout_s,
+        threads_per_worker=c.threads_per_worker,
+        backend="nccl" if c.gpus_per_training_worker > 0 else "gloo",
+        rows_per_rank_split={
+            ("data.prompts_per_step", "rollout.n"): cfg.data.prompts_per_step * n,
+            ("actor.prompts_per_mini_batch", "rollout.n"): cfg.actor.prompts_per_mini_batch * n,
+        },
+    )
+
+
+def policy_worker_kwargs(
+    cfg: RunConfig, tokenizer: Any, *, total_steps: int, model_path: str | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of `PolicyWorker` (and of each Ray rank's) from the config."""
+    actor, reference, lora = cfg.actor, cfg.reference, cfg.actor.lora
+    return dict(
         model_path=model_path or cfg.model.path,
-        eos_token_ids=eos_token_ids(tokenizer),
+        eos_token_ids=tuple(eos_token_ids(tokenizer)),
         pad_token_id=tokenizer.pad_token_id,
         dtype=cfg.model.dtype,
         with_reference=cfg.uses_reference,
         rollout_seed=cfg.trainer.seed,
         max_num_seqs=cfg.rollout.trajectories_per_generate_batch or 1_000_000,
+        lora={"rank": lora.rank, "alpha": lora.alpha, "target_modules": lora.target_modules}
+        if lora.rank > 0
+        else None,
+        reference_kwargs={
+            "micro_batch_size": reference.trajectories_per_micro_batch,
+            "max_tokens_per_micro_batch": reference.max_tokens_per_micro_batch,
+            "layout": reference.layout,
+            "logit_chunk_size": reference.logit_chunk_size,
+        },
         actor_kwargs={
             "lr": actor.lr,
             "micro_batch_size": actor.trajectories_per_micro_batch,
@@ -69,6 +126,10 @@ def build_policy_worker(
             "warmup_steps": actor.warmup_steps,
             "total_steps": total_steps,
             "min_lr_ratio": actor.min_lr_ratio,
+            "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch,
+            "layout": actor.layout,
+            "logit_chunk_size": actor.logit_chunk_size,
+            "gradient_checkpointing": cfg.model.gradient_checkpointing,
         },
     )
 
@@ -135,3 +196,32 @@ def advantage_hyperparameters(cfg: RunConfig) -> dict[str, Any]:
         "norm_adv_by_std": a.norm_adv_by_std,
         "weights": list(a.gdpo_reward_weights) or None,  # gdpo only; None keeps equal weights
     }
+
+
+def build_critic_worker(cfg: RunConfig, *, total_steps: int) -> CriticWorker:
+    """The value model: critic.model_path, else the policy's start (its body gets a fresh head)."""
+    c = cfg.critic
+    return CriticWorker(
+        model_path=c.model_path or cfg.model.path,
+        dtype=cfg.model.dtype,
+        critic_kwargs={
+            "lr": c.lr,
+            "micro_batch_size": c.trajectories_per_micro_batch,
+            "weight_decay": c.weight_decay,
+            "grad_clip": c.grad_clip,
+            "warmup_steps": c.warmup_steps,
+            "total_steps": total_steps,
+            "max_tokens_per_micro_batch": c.max_tokens_per_micro_batch,
+            "layout": c.layout,
+            "gradient_checkpointing": c.gradient_checkpointing,
+        },
+    )
+
+
+def build_value_loss(cfg: RunConfig) -> ValueLoss:
+    return ValueLoss(cliprange_value=cfg.critic.cliprange_value, loss_agg_mode=cfg.critic.loss_agg_mode)
+
+
+def estimator_inputs(cfg: RunConfig) -> frozenset[str]:
+    """The batch fields the configured advantage estimator requires (e.g. values, sum_pi_squared)."""
+    return get_advantage_estimator(cfg.algorithm.adv_estimator).inputs

@@ -16,6 +16,7 @@ import torch
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
+from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.reward.batch_scorer import RewardResult, score_batch
 from stratarl.reward.token_scores import place_on_last_token
@@ -89,13 +90,17 @@ def reward_extra_columns(result: RewardResult, batch: DataProto) -> dict[str, to
     return columns
 
 
-def old_log_prob(worker: PolicyWorker, batch: DataProto) -> DataProto:
-    """log π_old of every response token under the weights that are about to be updated."""
+def old_log_prob(worker: PolicyWorker, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
+    """log π_old of every response token under the weights that are about to be updated (and Σ_v π²,
+    for the optimal-token-baseline estimators, from the same forward)."""
     validate(
         batch, reads=["input_ids", "attention_mask", "position_ids", "responses"], phase="actor.log_prob"
     )
-    batch = batch.union(worker.compute_log_prob(batch, with_entropy=True))
-    validate(batch, writes=["old_log_probs", "entropys"], phase="actor.log_prob")
+    batch = batch.union(
+        worker.compute_log_prob(batch, with_entropy=True, with_sum_pi_squared=with_sum_pi_squared)
+    )
+    writes = ["old_log_probs", "entropys", *(["sum_pi_squared"] if with_sum_pi_squared else [])]
+    validate(batch, writes=writes, phase="actor.log_prob")
     return batch
 
 
@@ -103,6 +108,14 @@ def ref_log_prob(worker: PolicyWorker, batch: DataProto) -> DataProto:
     """log π_ref of every response token under the frozen reference policy."""
     batch = batch.union(worker.compute_ref_log_prob(batch))
     validate(batch, writes=["ref_log_prob"], phase="reference.log_prob")
+    return batch
+
+
+def values(critic: CriticWorker, batch: DataProto) -> DataProto:
+    """V(s_t) of every response token under the critic, before its update (`values`)."""
+    validate(batch, reads=["input_ids", "attention_mask", "position_ids", "responses"], phase="critic.value")
+    batch = batch.union(critic.compute_values(batch))
+    validate(batch, writes=["values"], phase="critic.value")
     return batch
 
 
@@ -170,10 +183,31 @@ def update_actor(
     return {name if "/" in name else f"actor/{name}": value for name, value in metrics.items()}
 
 
+def update_critic(
+    critic: CriticWorker,
+    batch: DataProto,
+    loss_fn: Any,
+    *,
+    mini_batch_size: int,
+    epochs: int,
+    seed: int | None,
+) -> dict[str, float]:
+    """The value-model update on the step's returns; returns `critic/*` metrics (verl's names)."""
+    reads = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+    validate(batch, reads=[*reads, "values", "returns"], phase="critic.update")
+    metrics = critic.update_critic(
+        batch, loss_fn, mini_batch_size=mini_batch_size, epochs=epochs, shuffle_seed=seed
+    )
+    return {name if "/" in name else f"critic/{name}": value for name, value in metrics.items()}
+
+
 def sync_weights(worker: PolicyWorker) -> dict[str, float]:
     """Actor -> rollout engine, version + 1; the engine reports what it loaded."""
     report = worker.sync_weights()
-    return {"rollout/weight_version": float(report.version)}
+    return {
+        "rollout/weight_version": float(report.version),
+        "rollout/weight_sync_bytes": float(report.num_bytes),
+    }
 
 
 def trajectory_records(

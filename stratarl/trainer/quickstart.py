@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
 from stratarl.config import load_config
@@ -41,6 +42,10 @@ class TaskSettings:
     n_test: int = 40
     digits: tuple[int, int] = (1, 1)
     operators: str = "+-"
+    # One compute thread: a 1M model's matmuls gain little from a second core, and the float
+    # reduction order (hence every sampled token) then no longer depends on the machine's core
+    # count, so the numbers in docs/benchmarks.md reproduce on any machine of the same CPU type.
+    threads: int = 1
 
 
 def build_task(run_dir: Path, task: TaskSettings, seed: int) -> tuple[dict[str, Path], Path]:
@@ -68,6 +73,7 @@ def run_quickstart(
     task = task or TaskSettings()
     run_dir, console, start = Path(run_dir), Console(), time.perf_counter()
     seed_everything(seed)
+    torch.set_num_threads(task.threads)
     console.rule("[bold]stratarl quickstart[/bold]: data and tiny model")
     paths, model_dir = build_task(run_dir, task, seed)
     base = [

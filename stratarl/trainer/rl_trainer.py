@@ -11,6 +11,8 @@ the final HF-loadable weights and a PNG of the learning curves.
 from __future__ import annotations
 
 import random
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +24,16 @@ from rich.progress import Progress, TimeElapsedColumn
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import make_kl_controller
+from stratarl.algo.value_loss import explained_variance
+from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import BatchPlan, RunConfig, save_resolved_config, validate_config
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
 from stratarl.observe.plots import plot_learning_curves
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.timing import timed, timing_metrics
-from stratarl.trainer import builders, phases, sampling_phases
+from stratarl.trainer import agent_rollout, builders, checkpointing, phases, sampling_phases
+from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.validation import run_validation
 from stratarl.transport.data_proto import DataProto
 
@@ -84,6 +89,12 @@ class RLTrainer:
         )
         self.worker = builders.build_policy_worker(cfg, self.tokenizer, total_steps=self.total_steps)
         self.loss_fn = builders.build_actor_loss(cfg)
+        # PPO: a value model in its own role; the actor waits critic.warmup_training_steps steps
+        self.critic = (
+            builders.build_critic_worker(cfg, total_steps=self.total_steps) if cfg.uses_critic else None
+        )
+        self.value_loss = builders.build_value_loss(cfg)
+        self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
         a = cfg.algorithm
         self.kl_ctrl = (
             make_kl_controller(
@@ -96,23 +107,45 @@ class RLTrainer:
             else None
         )
         self.compute_score = builders.build_compute_score(cfg)
+        # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
+        self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer, self.compute_score)
         self.sampling = builders.train_sampling(cfg)
         self.plan = BatchPlan.from_config(cfg)
+        self.checkpoints = RunCheckpoint(
+            self.run_dir / checkpointing.CHECKPOINT_DIR,
+            policy=self.worker,
+            critic=self.critic,
+            max_to_keep=cfg.trainer.max_checkpoints_to_keep,
+        )
+        self.last_val: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        """Train for `total_steps`; returns the last validation metrics (empty without a val set)."""
+        """Train up to `total_steps` (continuing from a checkpoint when trainer.resume_mode finds one);
+        returns the last validation metrics (empty without a val set). Worker processes (Ray) are
+        stopped at the end, also when a step fails."""
+        try:
+            return self._fit()
+        finally:
+            self.worker.shutdown()
+
+    def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
         save_resolved_config(self.cfg, self.run_dir)
-        last_val: dict[str, float] = {}
-        if (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_set is not None:
+        start, run_start = self.resume(), time.perf_counter()
+        last_val: dict[str, float] = self.last_val
+        if (
+            start == 0
+            and self.val_set is not None
+            and (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only)
+        ):
             last_val = self.validate(step=0)
         if self.cfg.trainer.val_only:
             return last_val
         columns = (*Progress.get_default_columns(), TimeElapsedColumn())
         with Progress(*columns, console=self.log.console, transient=True) as progress:
-            bar = progress.add_task("training", total=self.total_steps)
-            for step in range(1, self.total_steps + 1):
+            bar = progress.add_task("training", total=self.total_steps, completed=start)
+            for step in range(start + 1, self.total_steps + 1):
                 metrics = self.train_step(step)
                 self.log.log_metrics(step, metrics)
                 self.log.print_step(step, self.total_steps, metrics)
@@ -120,37 +153,96 @@ class RLTrainer:
                 freq = self.cfg.trainer.test_freq
                 if self.val_set is not None and freq > 0 and (step % freq == 0 or step == self.total_steps):
                     last_val = self.validate(step)
+                self.last_val = last_val
+                if checkpointing.should_save(step, self.total_steps, self.cfg.trainer.save_freq):
+                    self.save_checkpoint(step)
         self.worker.save_pretrained(self.run_dir / "final")
         self.tokenizer.save_pretrained(self.run_dir / "final")
         plot_learning_curves(self.log.history, self.run_dir / "curves.png")
+        self._print_summary(start, time.perf_counter() - run_start)
         return last_val
+
+    # --- checkpoint and resume -------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> None:
+        """Everything a resume needs (`checkpointing` module docstring), written atomically."""
+        state = {
+            "global_step": step,
+            "sampler": self.sampler.state_dict(),
+            "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl else None,
+            "weight_version": self.worker.weight_version,
+            "last_val": self.last_val,
+        }
+        path = self.checkpoints.save(step, tokenizer=self.tokenizer, trainer_state=state)
+        self.log.console.print(f"[dim]checkpoint: {path}[/dim]")
+
+    def resume(self) -> int:
+        """Restore the checkpoint trainer.resume_mode selects; returns the step to continue after."""
+        t = self.cfg.trainer
+        point = checkpointing.load_resume_point(
+            self.checkpoints, mode=t.resume_mode, resume_from_path=t.resume_from_path
+        )
+        if point is None:
+            return 0
+        state = point.trainer_state
+        self.sampler.load_state_dict(state["sampler"])
+        if self.kl_ctrl is not None:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.worker.sync_weights(version=state["weight_version"])
+        self.last_val = state["last_val"]
+        self.log.history = checkpointing.truncate_logs(self.run_dir, point.step)
+        epoch = state["sampler"]["epoch"]
+        self.log.console.print(
+            f"[bold green]resumed[/bold green] from {point.path}: step {point.step} done, "
+            f"continuing at step {point.step + 1} (epoch {epoch}, batch {state['sampler']['batch_in_epoch']})"
+        )
+        return point.step
+
+    def _print_summary(self, start: int, seconds: float) -> None:
+        last = next((r for r in reversed(self.log.history) if r.get("phase") == "train"), {})
+        rows = {
+            "steps": f"{start + 1}..{self.total_steps} this run (of {self.total_steps})"
+            if start < self.total_steps
+            else f"none: the checkpoint at step {start} is the end of the run",
+            "wall time (s)": round(seconds, 1),
+            "final weights": str(self.run_dir / "final"),
+            "checkpoints": str(self.checkpoints.root) if self.checkpoints.steps() else "none",
+        }
+        rows |= {k: v for k, v in last.items() if k in ("critic/score/mean", "actor/entropy")}
+        rows |= {k: v for k, v in self.last_val.items() if k.startswith("val-core/")}
+        self.log.print_table("run summary", rows)
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timings = self.cfg, {}
         with timed("step", timings):
             batch, collect_metrics = self._collect(step, timings)
             batch, prepare_metrics = self._prepare(batch, timings)
-            with timed("update_actor", timings):
-                actor_metrics = phases.update_actor(
-                    self.worker,
-                    batch,
-                    self.loss_fn,
-                    mini_batch_size=min(cfg.actor.prompts_per_mini_batch * cfg.rollout.n, len(batch)),
-                    epochs=cfg.actor.ppo_epochs,
-                    seed=self._seed(step) if cfg.actor.shuffle else None,
-                )
+            critic_metrics = self._update_critic(batch, step, timings)
+            actor_metrics = {}
+            if step > cfg.critic.warmup_training_steps or self.critic is None:
+                with timed("update_actor", timings):
+                    actor_metrics = phases.update_actor(
+                        self.worker,
+                        batch,
+                        self.loss_fn,
+                        mini_batch_size=min(cfg.actor.prompts_per_mini_batch * cfg.rollout.n, len(batch)),
+                        epochs=cfg.actor.ppo_epochs,
+                        seed=self._seed(step) if cfg.actor.shuffle else None,
+                    )
+            # Synced during critic warm-up too (the weights did not change): every step leaves the
+            # rollout serving a verified version, never one left asleep or stale (a verl bug).
             with timed("update_weights", timings):
                 sync_metrics = phases.sync_weights(self.worker)
         if self.kl_ctrl is not None:
             current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
             self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
         metrics = self._step_metrics(
-            batch, timings, collect_metrics, prepare_metrics, actor_metrics, sync_metrics
+            batch, timings, collect_metrics, prepare_metrics, critic_metrics, actor_metrics, sync_metrics
         )
         if cfg.trainer.save_trajectories:
             texts = phases.decode_responses(self.tokenizer, batch)
             prompt_texts = [self.tokenizer.decode(ids) for ids in batch["raw_prompt_ids"]]
-            self.log.log_trajectories(phases.trajectory_records(batch, texts, prompt_texts, step))
+            records = phases.trajectory_records(batch, texts, prompt_texts, step)
+            self.log.log_trajectories(agent_rollout.with_agent_records(records, batch))
         return metrics
 
     def _collect(self, step: int, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
@@ -165,18 +257,22 @@ class RLTrainer:
                 self.train_set, self.sampler.next_batch(), self.tokenizer.pad_token_id
             )
             batch = phases.expand_prompts(prompts, n, f"{step}.{rounds}")
+            seed = self._seed(step) + 7919 * rounds
             with timed("gen", timings):
-                batch = phases.generate(
-                    self.worker, batch, self.sampling, seed=self._seed(step) + 7919 * rounds
-                )
+                if self.agent is None:
+                    batch = phases.generate(self.worker, batch, self.sampling, seed=seed)
+                else:  # agent.enable: multi-turn episodes; their agent/* metrics join the reward's
+                    batch, agent_metrics = self.agent.generate(self.worker, batch, self.sampling, seed=seed)
+                    reward_parts.append(agent_metrics)
             if cfg.algorithm.adv_estimator == "remax":
                 with timed("gen_max", timings):
                     batch = sampling_phases.greedy_baselines(
                         self.worker, batch, n, self.sampling, self._score
                     )
-            with timed("reward", timings):
-                batch, result, _ = phases.reward(batch, self.tokenizer, self.compute_score)
-            reward_parts.append(result.metrics())
+            if "token_level_scores" not in batch:  # else agent.streaming_reward scored it while generating
+                with timed("reward", timings):
+                    batch, result, _ = phases.reward(batch, self.tokenizer, self.compute_score)
+                reward_parts.append(result.metrics())
             if filtering.enable:
                 batch, n_dropped = sampling_phases.keep_groups_with_signal(batch, filtering.metric)
                 dropped += n_dropped
@@ -209,10 +305,13 @@ class RLTrainer:
             batch = sampling_phases.use_rollout_log_probs(batch)
         else:
             with timed("old_log_prob", timings):
-                batch = phases.old_log_prob(self.worker, batch)
+                batch = phases.old_log_prob(self.worker, batch, with_sum_pi_squared=self.needs_sum_pi_squared)
         if cfg.uses_reference:
             with timed("ref", timings):
                 batch = phases.ref_log_prob(self.worker, batch)
+        if self.critic is not None:
+            with timed("values", timings):
+                batch = phases.values(self.critic, batch)
         with timed("adv", timings):
             if not correction.bypass_mode and (correction.rollout_is or correction.rollout_rs):
                 batch, metrics = sampling_phases.apply_decoupled_correction(
@@ -227,6 +326,21 @@ class RLTrainer:
             )
         return batch, metrics | adv_metrics
 
+    def _update_critic(self, batch: DataProto, step: int, timings: dict[str, float]) -> dict[str, float]:
+        """PPO's value update (before the actor's, as verl orders them); {} without a critic."""
+        if self.critic is None:
+            return {}
+        c = self.cfg.critic
+        with timed("update_critic", timings):
+            return phases.update_critic(
+                self.critic,
+                batch,
+                self.value_loss,
+                mini_batch_size=min(c.prompts_per_mini_batch * self.cfg.rollout.n, len(batch)),
+                epochs=c.ppo_epochs,
+                seed=self._seed(step) + 1 if self.cfg.actor.shuffle else None,
+            )
+
     def _step_metrics(self, batch, timings, *parts: dict[str, float]) -> dict[str, float]:
         mask = batch["response_mask"]
         metrics: dict[str, float] = {"training/global_step": float(len(self.log.history) + 1)}
@@ -237,6 +351,8 @@ class RLTrainer:
             metrics["actor/entropy"] = aggregate_loss(
                 batch["entropys"], mask, self.cfg.actor.loss_agg_mode
             ).item()
+        if "values" in batch:
+            metrics["critic/vf_explained_var"] = explained_variance(batch["returns"], batch["values"], mask)
         share = group_signal_share(batch["token_level_scores"].sum(-1), group_ids_from_uids(batch["uid"]))
         metrics["batch/groups_with_signal"] = share
         if share < LOW_SIGNAL_SHARE:
@@ -247,6 +363,7 @@ class RLTrainer:
         n_response = int(mask.sum())
         metrics |= timing_metrics(timings, n_response, int(batch["attention_mask"].sum()))
         metrics |= throughput_metrics(batch, timings["step"])
+        metrics |= self.worker.controller_bytes()  # what crossed process boundaries via the controller
         return metrics
 
     def _seed(self, step: int) -> int:
@@ -255,7 +372,8 @@ class RLTrainer:
     def validate(self, step: int) -> dict[str, float]:
         assert self.val_set is not None
         v = self.cfg.rollout.val_kwargs
-        metrics, records = run_validation(
+        run = run_validation if self.agent is None else partial(run_agent_validation, self.agent)
+        metrics, records = run(
             self.worker,
             self.val_set,
             tokenizer=self.tokenizer,

@@ -13,3 +13,17 @@ def test_grpo_beats_the_sft_checkpoint_on_held_out_problems(tmp_path):
     assert summary["accuracy_after_grpo"] - summary["accuracy_after_sft"] >= 0.15, summary
     assert json.loads((tmp_path / "summary.json").read_text())["seed"] == 0
     assert (tmp_path / "grpo" / "curves.png").exists()
+
+
+@pytest.mark.slow
+def test_ppo_with_a_critic_beats_the_sft_checkpoint_too(tmp_path):
+    # recipes/ppo_arithmetic.yaml's settings on the quickstart's task: GAE, a critic from the SFT
+    # policy's body, 2 critic-only steps first.
+    ppo = ["algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0", "critic.lr=1e-3"]
+    ppo += ["critic.prompts_per_mini_batch=32", "critic.trajectories_per_micro_batch=64"]
+    summary = run_quickstart(tmp_path, seed=0, overrides=[*ppo, "critic.warmup_training_steps=2"])
+    assert summary["accuracy_after_grpo"] - summary["accuracy_after_sft"] >= 0.10, summary
+    metrics = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in metrics if m["phase"] == "train"]
+    assert "actor/pg_loss" not in train[0] and "actor/pg_loss" in train[2]  # critic warm-up: steps 1-2
+    assert train[-1]["critic/vf_loss"] < train[0]["critic/vf_loss"]  # the value head fits the returns

@@ -1,0 +1,82 @@
+"""Layer 2, control flow: save a run and resume it exactly where it stopped.
+
+What one checkpoint holds (`engine.checkpoint.CheckpointManager` writes it atomically):
+
+    actor/, critic/        model, optimizer and LR-schedule states of each trained role
+    rng/                   python, numpy and torch RNG states
+    huggingface/           the policy, loadable with from_pretrained
+    trainer_state.pt       global step, sampler position (epoch, batch in epoch), KL controller,
+                           rollout weight version, last validation metrics
+
+A resumed run reloads all of it, pushes the actor's weights into the rollout engine under the saved
+weight version, and cuts the run directory's logs back to the checkpoint's step, so metrics.jsonl
+reads as if the run had never stopped. Every random choice of a step is seeded from (seed, step) or
+restored from the checkpoint, so steps after a resume repeat the uninterrupted run's steps exactly.
+
+Departure from verl: verl's fit loop iterates epochs and then the dataloader; a resume exactly at
+an epoch boundary restored an exhausted dataloader and trained 0 steps (verl #7401). Here the loop
+runs over global steps and the sampler rolls over to the next epoch itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stratarl.cluster.run_checkpoint import RunCheckpoint
+
+CHECKPOINT_DIR = "checkpoints"
+LOG_FILES = ("metrics.jsonl", "trajectories.jsonl")
+
+
+@dataclass
+class ResumePoint:
+    step: int  # the last completed step; training continues at step + 1
+    path: Path
+    trainer_state: dict[str, Any]
+
+
+def should_save(step: int, total_steps: int, save_freq: int) -> bool:
+    """Every `save_freq` steps and at the last step; never when save_freq ≤ 0."""
+    return save_freq > 0 and (step % save_freq == 0 or step == total_steps)
+
+
+def load_resume_point(checkpoint: RunCheckpoint, *, mode: str, resume_from_path: str) -> ResumePoint | None:
+    """Restore the workers and the RNG states from the checkpoint `mode` selects; None to start fresh.
+
+    auto: the newest complete checkpoint under <run_dir>/checkpoints (incomplete or corrupted ones are
+    skipped with a warning naming the one used); disable: none; resume_path: that global_step_N dir.
+    """
+    if mode == "disable":
+        return None
+    loaded = checkpoint.load(directory=resume_from_path if mode == "resume_path" else None)
+    if loaded is None:
+        return None
+    if loaded.trainer_state is None:
+        raise ValueError(f"checkpoint {loaded.path} has no trainer_state.pt: it was not saved by a trainer")
+    return ResumePoint(step=loaded.step, path=loaded.path, trainer_state=loaded.trainer_state)
+
+
+def truncate_logs(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    """Drop the records of steps after `step` (written before the run stopped, after its last
+    checkpoint) from the run's JSONL logs; returns the kept metrics records."""
+    kept_metrics: list[dict[str, Any]] = []
+    for name in LOG_FILES:
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by the kill
+                continue
+            if int(record.get("step", 0)) <= step:
+                kept.append(line)
+                if name == "metrics.jsonl":
+                    kept_metrics.append(record)
+        path.write_text("".join(line + "\n" for line in kept))
+    return kept_metrics

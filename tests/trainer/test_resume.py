@@ -1,0 +1,112 @@
+"""Kill-and-resume: a run SIGKILLed mid-step and resumed repeats the uninterrupted run's metrics exactly."""
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stratarl.observe.run_log import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+# 64 prompts / 16 per step = 4 steps per epoch; checkpoints every 2 steps: step 2 is mid-epoch,
+# step 4 is exactly at the epoch boundary (verl #7401 trained 0 steps after such a resume).
+STEPS, SAVE_FREQ, STEPS_PER_EPOCH = 8, 2, 4
+NOT_REPRODUCIBLE = ("timing_s/", "timing_per_token_ms/", "perf/")  # wall-clock and memory readings
+
+
+def command(task, run_dir, recipe):
+    overrides = [
+        f"data.train_files=['{task['train']}']",
+        f"data.val_files=['{task['test']}']",
+        f"model.path={task['model']}",
+        f"trainer.run_dir={run_dir}",
+        f"trainer.total_steps={STEPS}",
+        f"trainer.save_freq={SAVE_FREQ}",
+        "trainer.test_freq=3",
+        "trainer.val_before_train=false",
+        "data.prompts_per_step=16",
+        "rollout.n=2",
+        "rollout.max_response_tokens=6",
+        "actor.prompts_per_mini_batch=8",
+        "actor.trajectories_per_micro_batch=8",
+        "actor.shuffle=true",
+        "critic.prompts_per_mini_batch=8",
+        "critic.trajectories_per_micro_batch=8",
+        "critic.warmup_training_steps=1",
+    ]
+    return [sys.executable, "-m", "stratarl", "train", str(ROOT / "recipes" / recipe), *overrides]
+
+
+def launch(cmd, log_path):
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_path.open("a"), stderr=subprocess.STDOUT)
+
+
+def run_to_end(cmd, log_path):
+    rc = launch(cmd, log_path).wait()
+    assert rc == 0, f"the run failed (rc={rc}):\n{log_path.read_text()[-4000:]}"
+
+
+def logged_steps(run_dir):
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return set()
+    steps = set()
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError, KeyError):  # a line being written
+            steps.add(json.loads(line)["step"])
+    return steps
+
+
+def kill_during_step(proc, run_dir, step, rng, timeout=600):
+    """SIGKILL while `step` runs: once step − 1 is logged, after a random fraction of a short delay."""
+    deadline = time.monotonic() + timeout
+    while step - 1 not in logged_steps(run_dir):
+        assert proc.poll() is None, f"the run exited early (rc={proc.returncode}); see its log"
+        assert time.monotonic() < deadline, f"step {step - 1} was never logged"
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0.0, 0.1))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if not k.startswith(NOT_REPRODUCIBLE)} for r in records]
+
+
+def trajectories(run_dir):
+    lines = (run_dir / "trajectories.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items()} for line in lines]
+
+
+@pytest.mark.parametrize(
+    "recipe", ["grpo_arithmetic.yaml", pytest.param("ppo_arithmetic.yaml", marks=pytest.mark.slow)]
+)
+def test_sigkilled_run_resumes_to_the_same_metrics(task, tmp_path, recipe):
+    rng = random.Random(recipe)
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    run_to_end(command(task, whole, recipe), tmp_path / "whole.log")
+
+    cmd, log = command(task, broken, recipe), tmp_path / "broken.log"
+    # Kill 1 during step 4: the newest checkpoint is step 2 (mid-epoch); steps 3 (and maybe part of 4)
+    # were logged after it and must be cut from the logs. Kill 2 during step 6: resume at step 4,
+    # exactly the end of epoch 0.
+    kill_during_step(launch(cmd, log), broken, 4, rng)
+    kill_during_step(launch(cmd, log), broken, 6, rng)
+    run_to_end(cmd, log)
+
+    text = " ".join(log.read_text().split())  # rich wraps lines at 80 columns without a terminal
+    assert "continuing at step 3 (epoch 0, batch 2)" in text, text[-3000:]
+    assert "continuing at step 5 (epoch 1, batch 0)" in text, text[-3000:]
+    expected, got = read_metrics(whole / "metrics.jsonl"), read_metrics(broken / "metrics.jsonl")
+    assert [r["step"] for r in got if r["phase"] == "train"] == list(range(1, STEPS + 1))
+    assert comparable(got) == comparable(expected)
+    assert trajectories(broken) == trajectories(whole)  # the same prompts, samples and rewards
+    assert (broken / "checkpoints" / f"global_step_{STEPS}" / "huggingface" / "config.json").is_file()
