@@ -81,9 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     quick.add_argument("--run-dir", help="where everything is written (default runs/quickstart-<time>)")
     quick.add_argument("--seed", type=int, default=0)
-    quick.add_argument(
-        "--model-size", help="tiny model preset (1m, 5m, 10m, 50m); default: 1m, or 5m with --task tool"
-    )
+    quick.add_argument("--model-size", help="tiny model preset (1m, 5m, 10m, 50m); default: 1m")
     quick.add_argument(
         "--task",
         choices=("arithmetic", "tool"),
