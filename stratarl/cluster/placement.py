@@ -4,6 +4,10 @@ A `ResourcePool` is a list of bundles, the CPUs/GPUs of one worker process each;
 placement group (`ray_cluster.reserve_pools`). A `PlacementPlan` maps each role to a pool. Roles on
 the same pool are colocated: one process per bundle hosts all of them and switches between phases
 (verl's hybrid engine); roles on different pools run at the same time on different processes.
+A role with a model and process group of its own (the critic) placed on a pool adds a second
+process to each bundle: the processes of a bundle each ask Ray for an equal share of it (verl's
+`max_colocate_count`), so they land on the same node and the same GPU, and each uses all of the
+bundle's threads, because they take turns (the phases of a step run one after the other).
 Plans are data, built by name from `PLANS`; `validate_plan` rejects an impossible plan before any
 process starts, naming the config keys to change.
 """
@@ -15,6 +19,9 @@ from dataclasses import dataclass, field
 
 ROLES = ("actor", "rollout", "reference", "critic", "reward_model")
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement-group strategies
+# Roles hosted by processes of their own even on a shared pool (own model, own torch.distributed
+# group), with the config key that adds each to a run. The other roles share the pool's process.
+SEPARATE_PROCESS_ROLES = {"critic": "critic.enable"}
 
 
 @dataclass(frozen=True)
@@ -32,16 +39,26 @@ class Bundle:
         """Ray's bundle dict; zero amounts are left out (Ray rejects them)."""
         return {name: amount for name, amount in (("CPU", self.cpus), ("GPU", self.gpus)) if amount > 0}
 
+    def share(self, processes: int) -> Bundle:
+        """What each of `processes` processes on this bundle asks Ray for."""
+        return Bundle(self.cpus / processes, self.gpus / processes)
+
 
 @dataclass(frozen=True)
 class ResourcePool:
-    """`bundles` (one per process, rank i on bundle i) placed with a Ray strategy. `keys`: the config
-    keys that sized this pool, named by every error about it."""
+    """`bundles` (rank i of each role on bundle i) placed with a Ray strategy. `keys`: the config
+    keys that sized this pool, named by every error about it. `processes_per_bundle`: the worker
+    processes that share each bundle, taking turns on it (`Bundle.share`)."""
 
     name: str
     bundles: tuple[Bundle, ...]
     strategy: str = "PACK"
     keys: tuple[str, ...] = ()
+    processes_per_bundle: int = 1
+
+    def process_share(self, index: int) -> Bundle:
+        """What one process on bundle `index` asks Ray for (the whole bundle when it has it alone)."""
+        return self.bundles[index].share(self.processes_per_bundle)
 
     @property
     def world_size(self) -> int:
@@ -111,15 +128,25 @@ def _bundles(count: int, cpus: float, gpus: float) -> tuple[Bundle, ...]:
     return tuple(Bundle(cpus, gpus) for _ in range(count))
 
 
+def processes_for(roles: Sequence[str]) -> int:
+    """Processes per bundle of a pool hosting `roles`: one per separate-process role, plus one
+    for all the others."""
+    separate = sum(role in SEPARATE_PROCESS_ROLES for role in roles)
+    shared = 1 if separate < len(roles) else 0
+    return max(1, separate + shared)
+
+
 def colocated_plan(
     sizes: WorkerSizes, roles: Sequence[str] = ("actor", "rollout", "reference")
 ) -> PlacementPlan:
-    """One pool of `training_workers` processes; each hosts every role (rollout_replicas is unused:
-    every process serves generation between its training phases)."""
+    """One pool of `training_workers` bundles; each process hosts every role (rollout_replicas is
+    unused: every process serves generation between its training phases), a critic has a process
+    of its own on each bundle."""
     pool = ResourcePool(
         "policy",
         _bundles(sizes.training_workers, sizes.cpus_per_training_worker, sizes.gpus_per_training_worker),
         keys=TRAINING_KEYS,
+        processes_per_bundle=processes_for(roles),
     )
     return PlacementPlan("colocated", (pool,), {role: "policy" for role in roles})
 
@@ -130,6 +157,7 @@ def split_plan(sizes: WorkerSizes, roles: Sequence[str] = ("actor", "rollout", "
         "training",
         _bundles(sizes.training_workers, sizes.cpus_per_training_worker, sizes.gpus_per_training_worker),
         keys=TRAINING_KEYS,
+        processes_per_bundle=processes_for([role for role in roles if role != "rollout"]),
     )
     rollout = ResourcePool(
         "rollout",
@@ -187,7 +215,7 @@ def validate_plan(
     """Raise `PlacementError` unless every role in `roles` has a pool, the pools fit the cluster, and
     each batch in `rows_per_rank_split` (its rows, keyed by the config keys that set them) divides
     evenly over the ranks of the training pool."""
-    problems = _role_problems(plan, roles) + _pool_problems(plan)
+    problems = _role_problems(plan, roles) + _pool_problems(plan) + _sharing_problems(plan)
     problems += _capacity_problems(plan, cluster_cpus, cluster_gpus)
     if "actor" in plan.roles and plan.roles["actor"] in {p.name for p in plan.pools}:
         ranks = plan.pool_of("actor").world_size
@@ -244,6 +272,28 @@ def _pool_problems(plan: PlacementPlan) -> list[PlacementProblem]:
                 )
         if any(not b.as_ray() for b in pool.bundles):
             problems.append(PlacementProblem(keys, f"pool {pool.name!r}: a process needs some CPU or GPU"))
+    return problems
+
+
+def _sharing_problems(plan: PlacementPlan) -> list[PlacementProblem]:
+    """A bundle shared by k processes must give them the same devices: Ray hands a request of one
+    whole GPU or more its own GPUs, so a shared bundle may hold at most one."""
+    problems = []
+    for pool in plan.pools:
+        if pool.processes_per_bundle < 2:
+            continue
+        sharing = [role for role in plan.roles_on(pool.name) if role in SEPARATE_PROCESS_ROLES]
+        keys = (*(pool.keys or ("cluster.placement",)), *(SEPARATE_PROCESS_ROLES[r] for r in sharing))
+        for gpus in sorted({b.gpus for b in pool.bundles if b.gpus > 1}):
+            problems.append(
+                PlacementProblem(
+                    keys,
+                    f"pool {pool.name!r}: {pool.processes_per_bundle} processes ({', '.join(sharing)} and "
+                    f"the rest) share each bundle of {gpus:g} GPUs; Ray would give each its own GPUs "
+                    "instead of letting them take turns on the same ones: use at most 1 GPU per "
+                    "training worker (more training workers instead)",
+                )
+            )
     return problems
 
 

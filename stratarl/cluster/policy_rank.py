@@ -4,7 +4,8 @@
 the in-process backend and this one. `PolicyRank` is a `PolicyWorker` whose actor and reference are
 sharded with FSDP2 over a torch.distributed group (gloo on CPU, nccl on GPU); in the colocated plan
 it also serves generation from its own full-weight copy. The inherited methods (generate,
-compute_log_prob, compute_ref_log_prob, update_actor) run unchanged on this rank's share of rows.
+compute_log_prob, compute_ref_log_prob, update_actor) run unchanged on this rank's share of rows,
+handed over directly or read from the TransferQueue (`QueueReader.run_on_queue`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import transformers
 
 from stratarl.cluster.policy_worker import DTYPES, PolicyWorker, load_causal_lm
+from stratarl.cluster.queue_shard import QueueReader, generate_into_queue
 from stratarl.engine.actor import Actor, Reference
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.lora import apply_lora
@@ -32,6 +34,7 @@ from stratarl.rollout.weight_sync import (
     WeightSyncTarget,
     push_weights,
 )
+from stratarl.transport.data_proto import DataProto
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class PolicySpec:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-class PolicyRank(PolicyWorker):
+class PolicyRank(PolicyWorker, QueueReader):
     """Rank `rank` of `world_size`. Built in two steps because the ranks must meet first: the
     constructor only sets this process's threads; `join(address, port)`, called on every rank at
     once with the address rank 0 chose (`rendezvous_address`), joins the group and builds the models.
@@ -137,6 +140,10 @@ class PolicyRank(PolicyWorker):
     # --- generation (colocated plan) -------------------------------------------------------------
     def generate_requests(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         return self.rollout.generate(requests)
+
+    def generate_into_queue(self, requests: Sequence[GenerationRequest], queue, meta, **layout) -> DataProto:
+        """Generate, store every column in the TransferQueue, return the controller's columns."""
+        return generate_into_queue(self.rollout, requests, queue, meta, **layout)
 
     def served_version(self) -> int:
         return self.rollout.weight_version

@@ -166,13 +166,17 @@ class PolicyWorker:
         tokenizer: Any = None,
         trainer_state: dict[str, Any] | None = None,
         max_to_keep: int | None = None,
+        staged_roles: Sequence[str] = (),
     ) -> Path:
         """root/global_step_{step}: the actor (+ extra_roles, e.g. an in-process critic), RNG, the HF
-        export and the trainer's state, atomically (`engine.checkpoint`). A collective with ranks."""
+        export and the trainer's state, atomically (`engine.checkpoint`). A collective with ranks.
+        staged_roles: roles their own workers staged for this step (a critic's), moved in with it."""
         manager = CheckpointManager(root, max_to_keep=max_to_keep, dp=self.actor.dp)
         roles = {"actor": self.actor} | (extra_roles or {})
-        state = trainer_state
-        return manager.save(step, roles, hf_policy=self.actor, tokenizer=tokenizer, trainer_state=state)
+        state, staged = trainer_state, staged_roles
+        return manager.save(
+            step, roles, hf_policy=self.actor, tokenizer=tokenizer, trainer_state=state, staged=staged
+        )
 
     def load_checkpoint(
         self, root: str | Path, *, step: int | None = None, extra_roles: dict[str, Any] | None = None
@@ -186,6 +190,9 @@ class PolicyWorker:
     def controller_bytes(self) -> dict[str, float]:
         """Bytes between the controller and other processes: none, everything is in this one."""
         return {"controller/sent_bytes": 0.0, "controller/received_bytes": 0.0}
+
+    def clear_queue(self) -> None:
+        """Nothing to clear: in one process the batch is the only copy of the step's rows."""
 
     def shutdown(self) -> None:
         """Nothing to stop: the models live as long as this process holds them."""

@@ -95,11 +95,12 @@ def release_pools(groups: dict[str, PlacementGroup]) -> None:
 
 
 def actor_options(pool: ResourcePool, group: PlacementGroup, index: int) -> dict[str, Any]:
-    """Ray actor options that put a process on bundle `index` of `pool`, using all of that bundle."""
-    bundle = pool.bundles[index]
+    """Ray actor options that put a process on bundle `index` of `pool`, asking for its share of
+    that bundle (all of it, unless a critic's process shares the bundle: `ResourcePool.process_share`)."""
+    share = pool.process_share(index)
     return {
-        "num_cpus": bundle.cpus,
-        "num_gpus": bundle.gpus,
+        "num_cpus": share.cpus,
+        "num_gpus": share.gpus,
         "scheduling_strategy": PlacementGroupSchedulingStrategy(
             placement_group=group, placement_group_bundle_index=index
         ),

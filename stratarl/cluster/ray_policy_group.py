@@ -5,7 +5,9 @@
 3. reserve one placement group per pool;
 4. start the training ranks (one `PolicyRank` actor per bundle, threads from its CPU share), let
    rank 0 choose where the group meets, and have every rank join it and build its models;
-5. in the split plan, start the rollout replicas on their own pool.
+5. in the split plan, start the rollout replicas on their own pool;
+6. start the TransferQueue's storage units: from then on each phase's rows go from the engines
+   and ranks that produce them to the ranks that read them, and the controller passes references.
 Then it is a `PolicyWorkerGroup`: the trainer calls the same methods as on one `PolicyWorker`.
 """
 
@@ -17,6 +19,7 @@ import ray
 
 from stratarl.cluster.placement import PlacementPlan, validate_plan
 from stratarl.cluster.policy_rank import PolicyRank, PolicySpec
+from stratarl.cluster.queue_rows import QueueRows
 from stratarl.cluster.ranks import RayRanks
 from stratarl.cluster.ray_cluster import (
     RaySession,
@@ -27,6 +30,7 @@ from stratarl.cluster.ray_cluster import (
     start_or_join,
 )
 from stratarl.cluster.rollout_replica import RemoteReplica, RolloutReplica, RolloutReplicas
+from stratarl.cluster.transfer_queue_ray import ray_transfer_queue
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES
 
@@ -39,6 +43,8 @@ class RayPolicyGroup(PolicyWorkerGroup):
     ranks still busy count as hung. threads_per_worker: torch threads per process (None: from its
     CPU share). rows_per_rank_split: batch sizes that must divide over the training ranks, keyed by
     the config keys that set them (checked with the plan). backend: "gloo" (CPU) or "nccl" (GPU).
+    queue_units: storage units of the TransferQueue the phases' rows pass through (0: none, the
+    batches travel through the controller).
     """
 
     def __init__(
@@ -54,6 +60,7 @@ class RayPolicyGroup(PolicyWorkerGroup):
         backend: str = "gloo",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         linear_coeff: float = 0.0,
+        queue_units: int = 2,
     ):
         self.session: RaySession = start_or_join(address, num_cpus=num_cpus)
         cpus, gpus = cluster_capacity()
@@ -73,12 +80,15 @@ class RayPolicyGroup(PolicyWorkerGroup):
             engines = self._start_replicas()
         rollout = RolloutReplicas(engines, pad_token_id=spec.pad_token_id)
         self.initial_version = rollout.weight_version  # waits until every engine has its model
+        # Storage units hold memory, not compute (0 CPUs): the phases' rows live there.
+        queue = ray_transfer_queue(queue_units) if queue_units > 0 else None
         super().__init__(
             ranks,
             rollout,
             separate_rollout=not colocated,
             bucket_bytes=bucket_bytes,
             linear_coeff=linear_coeff,
+            queue_rows=QueueRows(queue, linear_coeff=linear_coeff) if queue is not None else None,
         )
 
     def _start_ranks(self, *, with_rollout: bool, backend: str) -> RayRanks:
@@ -126,5 +136,7 @@ class RayPolicyGroup(PolicyWorkerGroup):
     def shutdown(self) -> None:
         """Stop every actor, free the placement groups, end the local cluster if this run started it."""
         super().shutdown()
+        if self.rows is not None:
+            self.rows.queue.units.shutdown()
         release_pools(self.placement_groups)
         self.session.shutdown()

@@ -21,6 +21,8 @@ import transformers
 from torch import Tensor
 
 from stratarl.cluster.policy_worker import load_causal_lm
+from stratarl.cluster.queue_rows import KEY, QueueRows
+from stratarl.cluster.queue_shard import generate_into_queue, widen_integers
 from stratarl.cluster.ranks import ControllerTraffic, WorkerError, error_summary, wire_bytes
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
@@ -28,6 +30,8 @@ from stratarl.rollout.router import Replica, RolloutRouter
 from stratarl.rollout.torch_engine import TorchRolloutEngine
 from stratarl.rollout.weight_sync import TensorSlice, WeightLoadReport
 from stratarl.transport.data_proto import DataProto
+from stratarl.transport.kv_meta import KVBatchMeta
+from stratarl.transport.transfer_queue import TransferQueue
 
 
 class RolloutReplica:
@@ -59,6 +63,10 @@ class RolloutReplica:
 
     def generate_requests(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         return self.engine.generate(requests)
+
+    def generate_into_queue(self, requests: Sequence[GenerationRequest], queue, meta, **layout) -> DataProto:
+        """Generate, store every column in the TransferQueue, return the controller's columns."""
+        return generate_into_queue(self.engine, requests, queue, meta, **layout)
 
     def served_version(self) -> int:
         return self.engine.weight_version
@@ -103,6 +111,17 @@ class RemoteReplica:
         self.traffic.received += wire_bytes(results)
         return results
 
+    def generate_into_queue(
+        self, requests: Sequence[GenerationRequest], queue: TransferQueue, meta: KVBatchMeta, **layout: int
+    ) -> DataProto:
+        """The replica writes the layout of its requests' results into `queue` under `meta`'s keys;
+        only the controller's columns come back (`queue_shard.generate_into_queue`)."""
+        call = (list(requests), queue, meta, layout)
+        self.traffic.sent += wire_bytes(call)
+        out = self._get("rollout.generate", self.actor.generate_into_queue.remote(*call[:3], **layout))
+        self.traffic.received += wire_bytes(out)
+        return out
+
     async def generate_async(self, request: GenerationRequest) -> GenerationResult:
         self.traffic.sent += wire_bytes([request])
         (result,) = await self.actor.generate_requests.remote([request])
@@ -141,6 +160,30 @@ class RolloutReplicas:
         """`PolicyWorker.generate` over the replicas: one response per row, row i seeded seed + i."""
         results = self.router.generate(generation_requests(prompts, sampling, seed))
         return results_proto(results, pad_token_id=self.pad_token_id, max_response_len=sampling.max_tokens)
+
+    def generate_queued(
+        self, prompts: DataProto, sampling: SamplingParams, rows: QueueRows, *, seed: int | None = None
+    ) -> DataProto:
+        """`generate` whose replicas write the rows into the TransferQueue: the bulk columns
+        (`queue_shard.BULK_FIELDS`) stay there, listed in meta_info["queued_fields"]; the rest
+        comes back with each row's `queue_key`. The widths are the whole batch's, as in one engine."""
+        requests = generation_requests(prompts, sampling, seed)
+        keys = rows.new_keys(len(requests))
+        layout = {
+            "pad_token_id": self.pad_token_id,
+            "prompt_len": max(len(r.prompt_ids) for r in requests),
+            "response_len": sampling.max_tokens,
+        }
+
+        def work(replica: RemoteReplica, share: list[GenerationRequest]) -> DataProto:
+            meta = KVBatchMeta(rows.partition, [keys[int(r.request_id)] for r in share])
+            return replica.generate_into_queue(share, rows.queue, meta, **layout)
+
+        parts = self.router.run_shares(requests, work)
+        order = np.argsort(np.concatenate([positions for positions, _ in parts]), kind="stable")
+        out = widen_integers(DataProto.concat([part for _, part in parts]).take(order))
+        rows.remember(keys, out)
+        return out.union(DataProto.from_dict(non_tensors={KEY: np.array(keys, dtype=object)}))
 
     def take_traffic(self) -> dict[str, float]:
         """Bytes sent to and received from remote replicas since the last call (0 for in-process ones)."""

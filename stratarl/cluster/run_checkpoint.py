@@ -1,10 +1,15 @@
 """Layer 3, orchestration: one checkpoint of a run's workers — the trained roles, saved together.
 
-The policy worker's actor and, for PPO, the critic worker's value model are written by one
+The policy worker's actor and, for PPO, the critic's value model are published by one
 `engine.checkpoint.CheckpointManager` save (atomic: the whole step or nothing), with the policy's
-HF export and the trainer's own state (`trainer_state.pt`) beside them. The trainer decides when to
-save and which checkpoint to resume (`trainer/checkpointing.py`); this handle knows where the roles
-live. With data-parallel ranks (issue 8), the same calls run on every rank.
+HF export and the trainer's own state (`trainer_state.pt`) beside them. The critic may live in
+other processes than the policy (its own Ray ranks), so it writes its part first, staged outside
+any checkpoint (`stage_checkpoint`); the policy's save then moves it in before the manifest. A
+crash between the two parts leaves no global_step_N, so a resume takes the previous checkpoint.
+The layout is the same for an in-process and a Ray critic (`critic/{model,optimizer,extra}.pt`).
+A load restores the policy from the newest complete step (verified against its manifest, which
+covers the critic's files too), then the critic from that same step. The trainer decides when to
+save and which checkpoint to resume (`trainer/checkpointing.py`); this handle knows where the roles live.
 """
 
 from __future__ import annotations
@@ -12,24 +17,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stratarl.cluster.critic_worker import CriticWorker
+from stratarl.cluster.critic_worker import CHECKPOINT_ROLE, CriticWorker
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
 
 if TYPE_CHECKING:  # imports ray
+    from stratarl.cluster.critic_group import CriticWorkerGroup
     from stratarl.cluster.worker_group import PolicyWorkerGroup
 
 
 class RunCheckpoint:
     """Save and load the trained roles of `policy` (a `PolicyWorker` or a worker group over its
-    ranks) and `critic` under `root`/global_step_N."""
+    ranks) and `critic` (a `CriticWorker` or a worker group over its ranks) under `root`/global_step_N."""
 
     def __init__(
         self,
         root: str | Path,
         *,
         policy: PolicyWorker | PolicyWorkerGroup,
-        critic: CriticWorker | None = None,
+        critic: CriticWorker | CriticWorkerGroup | None = None,
         max_to_keep: int | None = None,
     ):
         self.manager = CheckpointManager(root, max_to_keep=max_to_keep)  # listing only; the policy writes
@@ -43,15 +49,16 @@ class RunCheckpoint:
     def steps(self) -> list[int]:
         return self.manager.steps()
 
-    def _extra_roles(self) -> dict[str, Any]:
-        return {"critic": self.critic.critic} if self.critic else {}
-
     def save(self, step: int, *, tokenizer: Any, trainer_state: dict[str, Any]) -> Path:
         """global_step_{step}: actor (+ critic) model, optimizer, schedule; RNG; HF export; state."""
+        staged = []
+        if self.critic is not None:
+            self.critic.stage_checkpoint(self.root, step)  # not a checkpoint until the policy's save
+            staged.append(CHECKPOINT_ROLE)
         return self.policy.save_checkpoint(
             self.root,
             step,
-            extra_roles=self._extra_roles(),
+            staged_roles=staged,
             tokenizer=tokenizer,
             trainer_state=trainer_state,
             max_to_keep=self.max_to_keep,
@@ -61,7 +68,11 @@ class RunCheckpoint:
         """Restore the newest complete checkpoint under root (or `directory`, a global_step_N dir)
         into the roles and the RNG states; None when there is none."""
         if directory is None:
-            return self.policy.load_checkpoint(self.root, extra_roles=self._extra_roles())
-        directory = Path(directory)
-        step = int(directory.name.removeprefix("global_step_"))
-        return self.policy.load_checkpoint(directory.parent, step=step, extra_roles=self._extra_roles())
+            root, step = self.root, None
+        else:
+            directory = Path(directory)
+            root, step = directory.parent, int(directory.name.removeprefix("global_step_"))
+        loaded = self.policy.load_checkpoint(root, step=step)
+        if loaded is not None and self.critic is not None:
+            self.critic.load_checkpoint(root, loaded.step)
+        return loaded

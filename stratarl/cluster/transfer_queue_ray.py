@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from stratarl.cluster.ranks import ControllerTraffic, wire_bytes
 from stratarl.transport.storage import StorageUnit
 from stratarl.transport.transfer_queue import TransferQueue
 
@@ -28,6 +29,15 @@ class RayStorageUnits:
         if not actors:
             raise ValueError("RayStorageUnits needs at least one storage unit actor")
         self.actors = list(actors)
+        # Bytes this process sent to and read from the units. Counted in the process that created
+        # the handle (the controller); a copy pickled to a worker does not count.
+        self.traffic: ControllerTraffic | None = ControllerTraffic()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"actors": self.actors}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.actors, self.traffic = state["actors"], None
 
     @classmethod
     def create(
@@ -49,10 +59,15 @@ class RayStorageUnits:
         return len(self.actors)
 
     def submit(self, unit: int, method: str, *args: Any) -> ray.ObjectRef:
+        if self.traffic is not None:
+            self.traffic.sent += wire_bytes(args)
         return getattr(self.actors[unit], method).remote(*args)
 
     def collect(self, pending: Sequence[ray.ObjectRef]) -> list[Any]:
-        return ray.get(list(pending))
+        results = ray.get(list(pending))
+        if self.traffic is not None:
+            self.traffic.received += sum(wire_bytes(result) for result in results)
+        return results
 
     def shutdown(self) -> None:
         """Kill the unit actors; every row they held is gone."""

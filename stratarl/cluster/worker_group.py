@@ -16,6 +16,7 @@ from typing import Any
 from stratarl.cluster.dispatch import gather_from_ranks, split_for_ranks, split_for_update
 from stratarl.cluster.policy_rank import PolicySpec
 from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.queue_rows import MODEL_INPUTS, QueueRows
 from stratarl.cluster.ranks import InProcessRanks, RayRanks
 from stratarl.cluster.rollout_replica import RolloutReplicas
 from stratarl.engine.actor import LossFn
@@ -25,7 +26,7 @@ from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightLoadReport,
 from stratarl.transport.data_proto import DataProto
 
 # What a log-prob forward reads: only these columns travel to the ranks.
-SCORING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+SCORING_COLUMNS = MODEL_INPUTS
 
 
 class PolicyWorkerGroup:
@@ -36,6 +37,8 @@ class PolicyWorkerGroup:
     separate_rollout: True when the rollout engines are not on the ranks (split plan): weight sync
         then pushes from training rank 0 to them instead of loading on every rank.
     linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks.
+    queue_rows: the TransferQueue the ranks read and write (Ray): each phase then sends every rank a
+        `QueueShard` reference instead of its rows, and the bulk columns never reach the controller.
     """
 
     def __init__(
@@ -46,9 +49,11 @@ class PolicyWorkerGroup:
         separate_rollout: bool = False,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         linear_coeff: float = 0.0,
+        queue_rows: QueueRows | None = None,
     ):
         self.ranks, self.engines, self.separate_rollout = ranks, rollout, separate_rollout
         self.bucket_bytes, self.linear_coeff = bucket_bytes, linear_coeff
+        self.rows = queue_rows  # None: batches travel through the controller as DataProto
 
     @classmethod
     def in_process(cls, spec: PolicySpec) -> PolicyWorkerGroup:
@@ -66,7 +71,9 @@ class PolicyWorkerGroup:
     # --- rollout -------------------------------------------------------------------------------
     def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
         """One response per row, row i seeded seed + i; the router keeps a prompt's n samples on one
-        engine and balances the rest by load."""
+        engine and balances the rest by load. With the TransferQueue the engines write the rows there."""
+        if self.rows is not None:
+            return self.engines.generate_queued(prompts, sampling, self.rows, seed=seed)
         return self.engines.generate(prompts, sampling, seed=seed)
 
     @property
@@ -103,12 +110,20 @@ class PolicyWorkerGroup:
     def compute_log_prob(
         self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
     ) -> DataProto:
-        split = split_for_ranks(self._scoring_columns(batch), self.size, linear_coeff=self.linear_coeff)
         options = {"with_entropy": with_entropy, "with_sum_pi_squared": with_sum_pi_squared}
+        if self.rows is not None:
+            return self.rows.score(
+                self.ranks, "actor.log_prob", "compute_log_prob", batch, SCORING_COLUMNS, **options
+            )
+        split = split_for_ranks(self._scoring_columns(batch), self.size, linear_coeff=self.linear_coeff)
         calls = [((shard,), options) for shard in split.shards]
         return gather_from_ranks(self.ranks.call("actor.log_prob", "compute_log_prob", calls), split)
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        if self.rows is not None:
+            return self.rows.score(
+                self.ranks, "reference.log_prob", "compute_ref_log_prob", batch, SCORING_COLUMNS
+            )
         split = split_for_ranks(self._scoring_columns(batch), self.size, linear_coeff=self.linear_coeff)
         calls = [((shard,), {}) for shard in split.shards]
         return gather_from_ranks(self.ranks.call("reference.log_prob", "compute_ref_log_prob", calls), split)
@@ -125,18 +140,23 @@ class PolicyWorkerGroup:
     ) -> dict[str, float]:
         """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
         ranks average their metrics among themselves, so rank 0's are the group's."""
-        # Engines and losses read tensor columns only: texts, sources and ids stay with the controller.
-        tensors = batch.select(batch.tensor_keys)
-        split = split_for_update(tensors, self.size, mini_batch_size, linear_coeff=self.linear_coeff)
-        options = dict(
-            mini_batch_size=split.local_mini_batch_size,
-            epochs=epochs,
-            shuffle_seed=shuffle_seed,
-            with_entropy=with_entropy,
-        )
-        metrics = self.ranks.call(
-            "actor.update", "update_actor", [((s, loss_fn), options) for s in split.shards]
-        )
+        options = dict(epochs=epochs, shuffle_seed=shuffle_seed, with_entropy=with_entropy)
+        if self.rows is not None:  # the ranks read every tensor column from the queue
+            metrics, split = self.rows.update(
+                self.ranks,
+                "actor.update",
+                "update_actor",
+                batch,
+                loss_fn,
+                mini_batch_size=mini_batch_size,
+                **options,
+            )
+        else:  # engines and losses read tensor columns only: texts, sources, ids stay here
+            tensors = batch.select(batch.tensor_keys)
+            split = split_for_update(tensors, self.size, mini_batch_size, linear_coeff=self.linear_coeff)
+            options["mini_batch_size"] = split.local_mini_batch_size
+            calls = [((shard, loss_fn), options) for shard in split.shards]
+            metrics = self.ranks.call("actor.update", "update_actor", calls)
         return metrics[0] | ({"actor/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {})
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
@@ -158,12 +178,21 @@ class PolicyWorkerGroup:
             raise NotImplementedError("a worker group restores the policy only (see save_checkpoint)")
         return self.ranks.call_all("load", "load_checkpoint", root, step=step)[0]
 
+    # --- the TransferQueue path ------------------------------------------------------------------
+    def clear_queue(self) -> None:
+        """Drop the step's rows from the TransferQueue (verl's kv_clear at the end of a step)."""
+        if self.rows is not None:
+            self.rows.clear()
+
     # --- the group -------------------------------------------------------------------------------
     def controller_bytes(self) -> dict[str, float]:
         """Bytes the controller sent to and received from other processes since the last call: the
-        ranks' calls and the rollout's requests and results (0 in one process)."""
-        ranks, rollout = self.ranks.traffic.take(), self.engines.take_traffic()
-        return {key: ranks[key] + rollout[key] for key in ranks}
+        ranks' calls, the rollout's requests and results, and its own TransferQueue reads and
+        writes (0 in one process)."""
+        parts = [self.ranks.traffic.take(), self.engines.take_traffic()]
+        if self.rows is not None:
+            parts.append(self.rows.take_traffic())
+        return {key: sum(part[key] for part in parts) for key in parts[0]}
 
     def shutdown(self) -> None:
         self.ranks.stop()

@@ -105,7 +105,9 @@ class ClusterConfig:
         choices=("colocated", "split"),
     )
     training_workers: int = setting(
-        1, "data-parallel training processes (FSDP2 ranks) of the actor", verl="trainer.n_gpus_per_node"
+        1,
+        "data-parallel training processes (FSDP2 ranks) of the actor; a critic gets as many, one beside each",
+        verl="trainer.n_gpus_per_node",
     )
     rollout_replicas: int = setting(1, "rollout engine processes of the split placement")
     cpus_per_training_worker: float = setting(1.0, "CPUs reserved per training process (≤ 1 or whole)")
@@ -114,6 +116,12 @@ class ClusterConfig:
     gpus_per_rollout_replica: float = setting(0.0, "GPUs reserved per rollout replica")
     call_timeout_s: float = setting(
         600.0, "a remote call not answered within this many seconds stops the run, naming role, rank, phase"
+    )
+    transfer_queue_units: int = setting(
+        2,
+        "storage units of the TransferQueue that phases' rows pass through on Ray (0: batches travel "
+        "through the controller)",
+        verl="transfer_queue.backend.SimpleStorage.num_data_storage_units",
     )
 
 

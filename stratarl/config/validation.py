@@ -70,6 +70,7 @@ RANGES: dict[str, Rule] = {
     "cluster.gpus_per_training_worker": NON_NEGATIVE,
     "cluster.gpus_per_rollout_replica": NON_NEGATIVE,
     "cluster.call_timeout_s": POSITIVE,
+    "cluster.transfer_queue_units": NON_NEGATIVE,
     "trainer.max_checkpoints_to_keep": NULL_OR_POSITIVE,
     "sft.total_epochs": POSITIVE,
     "sft.total_steps": NULL_OR_POSITIVE,
@@ -226,12 +227,6 @@ def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
             "sum_pi_squared" in inputs and cfg.algorithm.rollout_correction.bypass_mode,
             ("algorithm.adv_estimator", "algorithm.rollout_correction.bypass_mode"),
             f"estimator {estimator!r} needs Σπ² from the actor's log-prob forward, which bypass mode skips",
-        ),
-        (
-            cfg.cluster.backend == "ray" and cfg.uses_critic,
-            ("cluster.backend", "algorithm.adv_estimator", "critic.enable"),
-            "the critic does not run on Ray workers yet (the policy does): use cluster.backend=in-process "
-            "for PPO with a critic, or an estimator without values on Ray",
         ),
         (
             cfg.trainer.resume_mode == "resume_path"

@@ -16,6 +16,12 @@ only then rewrites the `latest` pointer (itself through a temporary file and `os
 crash leaves either the old or the new checkpoint, never half of one. A load checks the manifest
 and falls back to the newest complete checkpoint, saying why it skipped the others.
 
+A role trained in other processes than the ones that save (a critic on Ray ranks of its own) is
+written first by its own ranks into `.staged-global_step_{N}/<role>/` (`stage_role`); the save
+then moves that directory into `.tmp-global_step_{N}` before the manifest (`save(..., staged=…)`).
+Until then nothing named global_step_N exists, so a crash between the two parts leaves the previous
+checkpoint in charge, and the next save removes the leftovers. The layout is the same either way.
+
 Departure from verl: verl saves one shard per rank (`model_world_size_W_rank_r.pt`), so a resume
 needs the same world size; here states are gathered to rank 0 and saved whole, so a resume may use
 any number of ranks, at the cost of rank 0 holding the full state while saving.
@@ -30,6 +36,7 @@ import random
 import re
 import shutil
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +49,8 @@ from stratarl.engine.data_parallel import DataParallel
 TRACKER = "latest_checkpointed_iteration.txt"
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+STAGED = ".staged-global_step_{step}"  # roles written ahead of a save, by their own ranks
+PARTS = ("model", "optimizer", "extra")
 
 
 def rng_state() -> dict[str, Any]:
@@ -129,6 +138,9 @@ class CheckpointManager:
     def step_dir(self, step: int) -> Path:
         return self.root / f"global_step_{step}"
 
+    def staged_dir(self, step: int) -> Path:
+        return self.root / STAGED.format(step=step)
+
     def steps(self) -> list[int]:
         """Steps of the global_step_* directories present, complete or not, newest first."""
         if not self.root.is_dir():
@@ -142,6 +154,19 @@ class CheckpointManager:
         return int(text) if text.isdigit() else None
 
     # --- save ------------------------------------------------------------------------------------
+    def stage_role(self, step: int, name: str, role: Any) -> Path:
+        """Write role `name` of checkpoint `step` ahead of the save, into its staging directory (a
+        collective over the role's ranks; rank 0 writes). Not a checkpoint until `save(step, …,
+        staged=[name])` adopts it; staging again replaces what an interrupted attempt left."""
+        main = self.dp.rank == 0
+        out = self.staged_dir(step) / name
+        if main:
+            for stale in self.root.glob(STAGED.format(step="*") + f"/{name}"):
+                shutil.rmtree(stale)
+            out.mkdir(parents=True)
+        _write_role(role, out, main)
+        return out
+
     def save(
         self,
         step: int,
@@ -150,22 +175,28 @@ class CheckpointManager:
         hf_policy: Any = None,
         tokenizer: Any = None,
         trainer_state: Any = None,
+        staged: Sequence[str] = (),
     ) -> Path:
         """Write checkpoint `step` of `roles` ({"actor": actor, "critic": critic}); hf_policy (an
-        Actor) is also exported as huggingface/. Returns the final directory."""
+        Actor) is also exported as huggingface/; `staged` names roles already written by
+        `stage_role(step, …)`, moved in before the manifest. Returns the final directory."""
         main = self.dp.rank == 0
         tmp = self.root / f".tmp-global_step_{step}"
+        if staged:  # every rank raises together, rather than rank 0 alone before a barrier
+            problem = self.dp.broadcast_object(self._staged_problem(step, roles, staged) if main else None)
+            if problem is not None:
+                raise ValueError(problem)
         if main:
             for stale in self.root.glob(".tmp-global_step_*"):
                 shutil.rmtree(stale)
+            for stale in self.root.glob(STAGED.format(step="*")):
+                if stale != self.staged_dir(step):  # left by a save that never finished
+                    shutil.rmtree(stale)
             for sub in ["rng", *roles]:
                 (tmp / sub).mkdir(parents=True)
         self.dp.barrier()
         for name, role in roles.items():
-            state = role.checkpoint_state()  # collective
-            if main:
-                for part in ("model", "optimizer", "extra"):
-                    torch.save(state[part], tmp / name / f"{part}.pt")
+            _write_role(role, tmp / name, main)
         torch.save(rng_state(), tmp / "rng" / f"rank_{self.dp.rank}.pt")
         if hf_policy is not None:
             hf_policy.save_hf(tmp / "huggingface", tokenizer=tokenizer)
@@ -174,9 +205,22 @@ class CheckpointManager:
         self.dp.barrier()
         final = self.step_dir(step)
         if main:
+            for name in staged:
+                os.replace(self.staged_dir(step) / name, tmp / name)
+            if self.staged_dir(step).is_dir() and not any(self.staged_dir(step).iterdir()):
+                self.staged_dir(step).rmdir()
             self._publish(tmp, final, step)
         self.dp.barrier()
         return final
+
+    def _staged_problem(self, step: int, roles: dict[str, Any], staged: Sequence[str]) -> str | None:
+        clash = sorted(set(staged) & set(roles))
+        if clash:
+            return f"roles {clash} are both staged and saved directly"
+        missing = [name for name in staged if not (self.staged_dir(step) / name).is_dir()]
+        if missing:
+            return f"roles {missing} were not staged for step {step} (no {self.staged_dir(step)}/<role>)"
+        return None
 
     def _publish(self, tmp: Path, final: Path, step: int) -> None:
         _write_manifest(tmp, step, self.dp.size)
@@ -230,14 +274,8 @@ class CheckpointManager:
         if step is None:
             return None
         directory = self.step_dir(step)
-        main = self.dp.rank == 0
         for name, role in roles.items():
-            state = {
-                part: torch.load(directory / name / f"{part}.pt", weights_only=False) if main else {}
-                for part in ("model", "optimizer")
-            }
-            state["extra"] = torch.load(directory / name / "extra.pt", weights_only=False)
-            role.load_checkpoint_state(state)
+            _read_role(role, directory / name, self.dp.rank == 0)
         rng_file = directory / "rng" / f"rank_{self.dp.rank}.pt"
         if rng_file.is_file():
             set_rng_state(torch.load(rng_file, weights_only=False))
@@ -248,3 +286,31 @@ class CheckpointManager:
         trainer_file = directory / "trainer_state.pt"
         trainer_state = torch.load(trainer_file, weights_only=False) if trainer_file.is_file() else None
         return LoadedCheckpoint(step=step, path=directory, trainer_state=trainer_state, skipped=skipped)
+
+    def load_role(self, step: int, name: str, role: Any) -> None:
+        """Restore role `name` alone from checkpoint `step` — a role on ranks of its own, after
+        `load` on the main roles chose and verified that step (its manifest covers this role too)."""
+        directory = self.step_dir(step) / name
+        if not directory.is_dir():
+            raise ValueError(
+                f"checkpoint {self.step_dir(step)} holds no {name!r} (it was saved without that role)"
+            )
+        _read_role(role, directory, self.dp.rank == 0)
+
+
+def _write_role(role: Any, directory: Path, main: bool) -> None:
+    """The role's full states into directory/{model,optimizer,extra}.pt (a collective; rank 0 writes)."""
+    state = role.checkpoint_state()
+    if main:
+        for part in PARTS:
+            torch.save(state[part], directory / f"{part}.pt")
+
+
+def _read_role(role: Any, directory: Path, main: bool) -> None:
+    """Rank 0 reads the model and optimizer states (broadcast by the role), every rank the small extra."""
+    state = {
+        part: torch.load(directory / f"{part}.pt", weights_only=False) if main else {}
+        for part in ("model", "optimizer")
+    }
+    state["extra"] = torch.load(directory / "extra.pt", weights_only=False)
+    role.load_checkpoint_state(state)

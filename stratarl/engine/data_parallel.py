@@ -28,7 +28,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -147,6 +153,9 @@ class DataParallel:
 
     def load_full_model_state(self, module: nn.Module, state: dict[str, torch.Tensor]) -> None:
         """Load rank 0's full state into every rank's shard (other ranks may pass {})."""
+        for sub in module.modules():  # a forward without a backward leaves the root unsharded
+            if isinstance(sub, FSDPModule):  # (reshard_after_forward=False): shard it to load
+                sub.reshard()
         options = self._options(broadcast_from_rank0=self.mesh is not None, strict=True)
         set_model_state_dict(module, state, options=options)
 

@@ -16,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from torch import Tensor
 
 from stratarl.rollout.interface import GenerationRequest, GenerationResult
 from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightLoadReport, WeightSyncError, push_weights
+
+T = TypeVar("T")
 
 
 class Replica(Protocol):
@@ -103,26 +105,29 @@ class RolloutRouter:
     # --- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Route the batch, run each replica's share concurrently; results in request order."""
-        chosen = self.route(requests)
-        shares: dict[int, list[int]] = {}
-        for position, index in enumerate(chosen):
-            shares.setdefault(index, []).append(position)
         results: list[GenerationResult | None] = [None] * len(requests)
+        for positions, share in self.run_shares(requests, lambda replica, part: replica.generate(part)):
+            for position, result in zip(positions, share, strict=True):
+                results[position] = result
+        return results  # type: ignore[return-value]
 
-        def run(index: int) -> None:
+    def run_shares(
+        self, requests: Sequence[GenerationRequest], work: Callable[[Replica, list[GenerationRequest]], T]
+    ) -> list[tuple[list[int], T]]:
+        """Route the batch and run `work(replica, its requests)` for every replica concurrently;
+        returns (positions of its requests in the batch, work's output) per replica used."""
+        shares: dict[int, list[int]] = {}
+        for position, index in enumerate(self.route(requests)):
+            shares.setdefault(index, []).append(position)
+
+        def run(index: int) -> tuple[list[int], T]:
             try:
-                share = shares[index]
-                for position, result in zip(
-                    share, self.replicas[index].generate([requests[p] for p in share]), strict=True
-                ):
-                    results[position] = result
+                return shares[index], work(self.replicas[index], [requests[p] for p in shares[index]])
             finally:
                 self._done(index, len(shares[index]))
 
         with ThreadPoolExecutor(max_workers=max(1, len(shares))) as pool:
-            for future in [pool.submit(run, index) for index in shares]:
-                future.result()
-        return results  # type: ignore[return-value]
+            return [future.result() for future in [pool.submit(run, index) for index in shares]]
 
     async def generate_async(self, request: GenerationRequest) -> GenerationResult:
         (index,) = self.route([request])

@@ -52,6 +52,13 @@ class ActorLoss:
     def needs_reference(self) -> bool:
         return self.kl_loss_coef != 0.0
 
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The batch columns `__call__` reads (besides the model's inputs); `rollout_is_weights` is
+        read when the batch has it. A worker group sends a rank these and nothing else."""
+        columns = ("response_mask", "old_log_probs", "advantages", "rollout_is_weights")
+        return columns + (("ref_log_prob",) if self.needs_reference else ())
+
     def __call__(self, micro: DataProto, scores, totals) -> tuple[Tensor, dict[str, float]]:
         mask = micro["response_mask"]  # [m, T]
         # This micro-batch's share of the mini-batch's tokens; × dp_size because the engine averages

@@ -18,14 +18,13 @@ from stratarl.agent.evaluation import run_and_score
 from stratarl.agent.metrics import agent_metrics
 from stratarl.agent.scoring import solution_text
 from stratarl.agent.trajectory import Trajectory
-from stratarl.algo.validation_stats import process_validation_metrics
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer import phases
 from stratarl.trainer.agent_rollout import RECORD_FIELDS, AgentRollout, episode_rows
 from stratarl.trainer.builders import prompts_batch
-from stratarl.trainer.validation import flatten_validation_metrics
+from stratarl.trainer.validation import ValidationTally
 
 TOOL_SUCCESS_KEY = "val-core/agent/tool_call_success_rate"
 
@@ -51,10 +50,7 @@ def run_agent_validation(
     prompts_per_batch: int = 256,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """(metrics, one record per episode) over the whole validation set; as `run_validation`."""
-    runner = agent.runner(worker)
-    sources: list[str] = []
-    uids: list[str] = []
-    infos: dict[str, list[Any]] = {"reward": [], "acc": []}
+    runner, tally = agent.runner(worker), ValidationTally()
     episodes: list[Trajectory] = []
     records: list[dict[str, Any]] = []
     for start in range(0, len(dataset), prompts_per_batch):
@@ -64,13 +60,7 @@ def run_agent_validation(
         trajectories, result, _ = run_and_score(
             runner, rows, sampling, tokenizer, compute_score=compute_score, seed=seed + start * n
         )
-        scores = result.scores.tolist()
-        accs = result.extra.get("acc", [None] * len(scores))
-        accs = [float(s > 0) if a is None else float(a) for a, s in zip(accs, scores, strict=True)]
-        sources += list(batch["data_source"])
-        uids += [f"{u}-{start}" for u in batch["uid"]]
-        infos["reward"] += scores
-        infos["acc"] += accs
+        scores, accs = tally.add(batch, result, start)
         episodes += trajectories
         for i, t in enumerate(trajectories):
             record = t.record()
@@ -85,7 +75,7 @@ def run_agent_validation(
                 }
                 | {k: record[k] for k in RECORD_FIELDS}
             )
-    metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos), n)
+    metrics = tally.metrics(n)
     metrics |= {f"val-aux/{name}": value for name, value in agent_metrics(episodes).items()}
     success = tool_call_success_rate(episodes)
     if success is not None:

@@ -13,6 +13,7 @@ import numpy as np
 from transformers import AutoTokenizer
 
 from stratarl.algo.advantages import get_advantage_estimator
+from stratarl.algo.kl_control import KLController, make_kl_controller
 from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import RunConfig
@@ -26,6 +27,7 @@ from stratarl.trainer.critic_loss import ValueLoss
 from stratarl.transport.data_proto import DataProto
 
 if TYPE_CHECKING:  # the Ray backend imports ray: only when cluster.backend=ray asks for it
+    from stratarl.cluster.critic_group import CriticWorkerGroup
     from stratarl.cluster.worker_group import PolicyWorkerGroup
 
 
@@ -78,6 +80,13 @@ def build_policy_worker(
         c.gpus_per_rollout_replica,
     )
     roles = ["actor", "rollout"] + (["reference"] if cfg.uses_reference else [])
+    rows = {
+        ("data.prompts_per_step", "rollout.n"): cfg.data.prompts_per_step * n,
+        ("actor.prompts_per_mini_batch", "rollout.n"): cfg.actor.prompts_per_mini_batch * n,
+    }
+    if cfg.uses_critic:  # its half of each training bundle is reserved with the plan (build_critic_worker)
+        roles.append("critic")
+        rows[("critic.prompts_per_mini_batch", "rollout.n")] = cfg.critic.prompts_per_mini_batch * n
     return RayPolicyGroup(
         PolicySpec(**kwargs),
         make_plan(c.placement, sizes, roles),
@@ -86,10 +95,8 @@ def build_policy_worker(
         call_timeout_s=c.call_timeout_s,
         threads_per_worker=c.threads_per_worker,
         backend="nccl" if c.gpus_per_training_worker > 0 else "gloo",
-        rows_per_rank_split={
-            ("data.prompts_per_step", "rollout.n"): cfg.data.prompts_per_step * n,
-            ("actor.prompts_per_mini_batch", "rollout.n"): cfg.actor.prompts_per_mini_batch * n,
-        },
+        queue_units=c.transfer_queue_units,
+        rows_per_rank_split=rows,
     )
 
 
@@ -198,10 +205,35 @@ def advantage_hyperparameters(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
-def build_critic_worker(cfg: RunConfig, *, total_steps: int) -> CriticWorker:
-    """The value model: critic.model_path, else the policy's start (its body gets a fresh head)."""
+def build_critic_worker(
+    cfg: RunConfig, *, total_steps: int, policy: PolicyWorker | PolicyWorkerGroup | None = None
+) -> CriticWorker | CriticWorkerGroup:
+    """The value model: critic.model_path, else the policy's start (its body gets a fresh head). One
+    `CriticWorker` in this process (cluster.backend=in-process), or Ray ranks of its own beside the
+    policy's (`policy`, built first: its plan reserved the critic's half of each training bundle,
+    and the critic reads the rows of its TransferQueue)."""
+    kwargs = critic_worker_kwargs(cfg, total_steps=total_steps)
+    if cfg.cluster.backend != "ray":
+        return CriticWorker(**kwargs)
+    from stratarl.cluster.critic_rank import CriticSpec
+    from stratarl.cluster.ray_critic_group import RayCriticGroup
+    from stratarl.cluster.ray_policy_group import RayPolicyGroup
+
+    if not isinstance(policy, RayPolicyGroup):
+        raise TypeError(
+            "cluster.backend=ray: the critic's ranks share the policy's pools and TransferQueue; build "
+            f"the policy first and pass it as policy= (got {type(policy).__name__})"
+        )
+    backend = "nccl" if cfg.cluster.gpus_per_training_worker > 0 else "gloo"
+    # Every rank must draw the same fresh value head: from the run's seed.
+    spec = CriticSpec(**(kwargs | {"init_seed": cfg.trainer.seed}))
+    return RayCriticGroup.beside(policy, spec, backend=backend)
+
+
+def critic_worker_kwargs(cfg: RunConfig, *, total_steps: int) -> dict[str, Any]:
+    """The keyword arguments of `CriticWorker` (and of each Ray rank's) from the config."""
     c = cfg.critic
-    return CriticWorker(
+    return dict(
         model_path=c.model_path or cfg.model.path,
         dtype=cfg.model.dtype,
         critic_kwargs={
@@ -216,6 +248,30 @@ def build_critic_worker(cfg: RunConfig, *, total_steps: int) -> CriticWorker:
             "gradient_checkpointing": c.gradient_checkpointing,
         },
     )
+
+
+def build_workers(
+    cfg: RunConfig, tokenizer: Any, *, total_steps: int
+) -> tuple[PolicyWorker | PolicyWorkerGroup, Any]:
+    """The policy's handle and, for PPO, the critic's (None otherwise). When the critic cannot start,
+    the policy's processes are stopped before the error propagates: none is left behind."""
+    policy = build_policy_worker(cfg, tokenizer, total_steps=total_steps)
+    if not cfg.uses_critic:
+        return policy, None
+    try:
+        return policy, build_critic_worker(cfg, total_steps=total_steps, policy=policy)
+    except BaseException:
+        policy.shutdown()
+        raise
+
+
+def build_kl_controller(cfg: RunConfig) -> KLController | None:
+    """algorithm.kl_ctrl's controller of β when KL is in the reward (use_kl_in_reward); else None."""
+    a = cfg.algorithm
+    if not a.use_kl_in_reward:
+        return None
+    c = a.kl_ctrl
+    return make_kl_controller(c.type, kl_coef=c.kl_coef, target_kl=c.target_kl, horizon=c.horizon)
 
 
 def build_value_loss(cfg: RunConfig) -> ValueLoss:

@@ -26,6 +26,11 @@ class ValueLoss:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
 
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The batch columns `__call__` reads (besides the model's inputs)."""
+        return ("response_mask", "returns", "values")
+
     def __call__(self, micro: DataProto, scores, totals) -> tuple[Tensor, dict[str, float]]:
         mask = micro["response_mask"]  # [m, T]
         share = float(mask.sum()) * totals.dp_size / max(totals.num_tokens, 1)

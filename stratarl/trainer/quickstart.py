@@ -57,9 +57,13 @@ def build_task(run_dir: Path, task: TaskSettings, seed: int) -> tuple[dict[str, 
         operators=task.operators,
         seed=seed,
     )
-    corpus = corpus_from_parquet([paths["train"]])
-    model_dir = build_tiny_model(run_dir / "model", size=task.model_size, corpus_texts=corpus, seed=seed)
-    return paths, model_dir
+    return paths, tiny_model_for(run_dir, paths["train"], size=task.model_size, seed=seed)
+
+
+def tiny_model_for(run_dir: Path, train_path: Path, *, size: str, seed: int) -> Path:
+    """A tiny model (run_dir/model) whose tokenizer is trained on the training split's texts."""
+    corpus = corpus_from_parquet([train_path])
+    return build_tiny_model(run_dir / "model", size=size, corpus_texts=corpus, seed=seed)
 
 
 def run_quickstart(

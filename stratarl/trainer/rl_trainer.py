@@ -23,7 +23,6 @@ from rich.progress import Progress, TimeElapsedColumn
 
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.groups import group_ids_from_uids
-from stratarl.algo.kl_control import make_kl_controller
 from stratarl.algo.value_loss import explained_variance
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import BatchPlan, RunConfig, save_resolved_config, validate_config
@@ -34,6 +33,7 @@ from stratarl.observe.run_log import RunLog
 from stratarl.observe.timing import timed, timing_metrics
 from stratarl.trainer import agent_rollout, builders, checkpointing, phases, sampling_phases
 from stratarl.trainer.agent_validation import run_agent_validation
+from stratarl.trainer.run_summary import summary_rows
 from stratarl.trainer.validation import run_validation
 from stratarl.transport.data_proto import DataProto
 
@@ -87,30 +87,18 @@ class RLTrainer:
         self.total_steps = (
             cfg.trainer.total_steps or cfg.trainer.total_epochs * self.sampler.batches_per_epoch
         )
-        self.worker = builders.build_policy_worker(cfg, self.tokenizer, total_steps=self.total_steps)
         self.loss_fn = builders.build_actor_loss(cfg)
-        # PPO: a value model in its own role; the actor waits critic.warmup_training_steps steps
-        self.critic = (
-            builders.build_critic_worker(cfg, total_steps=self.total_steps) if cfg.uses_critic else None
-        )
         self.value_loss = builders.build_value_loss(cfg)
         self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
-        a = cfg.algorithm
-        self.kl_ctrl = (
-            make_kl_controller(
-                a.kl_ctrl.type,
-                kl_coef=a.kl_ctrl.kl_coef,
-                target_kl=a.kl_ctrl.target_kl,
-                horizon=a.kl_ctrl.horizon,
-            )
-            if a.use_kl_in_reward
-            else None
-        )
+        self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
         self.compute_score = builders.build_compute_score(cfg)
         # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
         self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer, self.compute_score)
         self.sampling = builders.train_sampling(cfg)
         self.plan = BatchPlan.from_config(cfg)
+        # Last, so that nothing after them can fail and leave worker processes behind: the policy,
+        # and for PPO the critic (the actor waits critic.warmup_training_steps steps).
+        self.worker, self.critic = builders.build_workers(cfg, self.tokenizer, total_steps=self.total_steps)
         self.checkpoints = RunCheckpoint(
             self.run_dir / checkpointing.CHECKPOINT_DIR,
             policy=self.worker,
@@ -127,7 +115,11 @@ class RLTrainer:
         try:
             return self._fit()
         finally:
-            self.worker.shutdown()
+            try:
+                if self.critic is not None:  # first: the policy's shutdown may end the Ray cluster
+                    self.critic.shutdown()
+            finally:
+                self.worker.shutdown()
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
@@ -198,17 +190,11 @@ class RLTrainer:
         return point.step
 
     def _print_summary(self, start: int, seconds: float) -> None:
-        last = next((r for r in reversed(self.log.history) if r.get("phase") == "train"), {})
-        rows = {
-            "steps": f"{start + 1}..{self.total_steps} this run (of {self.total_steps})"
-            if start < self.total_steps
-            else f"none: the checkpoint at step {start} is the end of the run",
-            "wall time (s)": round(seconds, 1),
+        where = {
             "final weights": str(self.run_dir / "final"),
             "checkpoints": str(self.checkpoints.root) if self.checkpoints.steps() else "none",
         }
-        rows |= {k: v for k, v in last.items() if k in ("critic/score/mean", "actor/entropy")}
-        rows |= {k: v for k, v in self.last_val.items() if k.startswith("val-core/")}
+        rows = summary_rows(self.log.history, self.last_val, where, start, self.total_steps, seconds)
         self.log.print_table("run summary", rows)
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -232,6 +218,7 @@ class RLTrainer:
             # rollout serving a verified version, never one left asleep or stale (a verl bug).
             with timed("update_weights", timings):
                 sync_metrics = phases.sync_weights(self.worker)
+            self.worker.clear_queue()  # Ray: the step's rows leave the TransferQueue
         if self.kl_ctrl is not None:
             current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
             self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
@@ -363,7 +350,11 @@ class RLTrainer:
         n_response = int(mask.sum())
         metrics |= timing_metrics(timings, n_response, int(batch["attention_mask"].sum()))
         metrics |= throughput_metrics(batch, timings["step"])
-        metrics |= self.worker.controller_bytes()  # what crossed process boundaries via the controller
+        traffic = self.worker.controller_bytes()  # what crossed process boundaries via the controller
+        if self.critic is not None:  # the critic's ranks are processes too
+            critic_traffic = self.critic.controller_bytes()
+            traffic = {key: value + critic_traffic[key] for key, value in traffic.items()}
+        metrics |= traffic
         return metrics
 
     def _seed(self, step: int) -> int:
@@ -383,6 +374,7 @@ class RLTrainer:
             step=step,
             seed=self._seed(step) + 7,
         )
+        self.worker.clear_queue()
         self.log.log_metrics(step, metrics, phase="val")
         (self.run_dir / "val_generations").mkdir(exist_ok=True)
         RunLog.write_jsonl(self.run_dir / "val_generations" / f"step_{step}.jsonl", records)

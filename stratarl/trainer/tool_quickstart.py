@@ -25,13 +25,12 @@ from rich.console import Console
 
 from stratarl.config import RunConfig, ValidationSamplingConfig, load_config
 from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
-from stratarl.data.tiny_models import build_tiny_model
-from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import RunLog
 from stratarl.trainer import builders
 from stratarl.trainer.agent_rollout import build_agent_rollout
 from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation
+from stratarl.trainer.quickstart import tiny_model_for
 from stratarl.trainer.rl_trainer import RLTrainer, seed_everything
 from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.validation import overall_accuracy
@@ -79,9 +78,7 @@ def build_tool_task(run_dir: Path, task: ToolTaskSettings, seed: int) -> tuple[d
         with_instruction=task.with_instruction,
         seed=seed,
     )
-    corpus = corpus_from_parquet([paths["train"]])
-    model_dir = build_tiny_model(run_dir / "model", size=task.model_size, corpus_texts=corpus, seed=seed)
-    return paths, model_dir
+    return paths, tiny_model_for(run_dir, paths["train"], size=task.model_size, seed=seed)
 
 
 def evaluate_agent(

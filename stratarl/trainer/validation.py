@@ -8,6 +8,7 @@ under `val-aux/`. Greedy decoding by default (`rollout.val_kwargs`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,9 +17,11 @@ from stratarl.algo.validation_stats import process_validation_metrics
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset
+from stratarl.reward.batch_scorer import RewardResult
 from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer import builders, phases
 from stratarl.trainer.builders import prompts_batch
+from stratarl.transport.data_proto import DataProto
 
 CORE_METRIC_PREFIXES = ("mean@", "maj@", "best@", "pass@")
 
@@ -36,33 +39,46 @@ def run_validation(
     prompts_per_batch: int = 256,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """(metrics, one record per generation) over the whole validation set."""
-    sources: list[str] = []
-    uids: list[str] = []
-    infos: dict[str, list[Any]] = {"reward": [], "acc": []}
-    records: list[dict[str, Any]] = []
+    tally, records = ValidationTally(), []
     for start in range(0, len(dataset), prompts_per_batch):
         indices = list(range(start, min(start + prompts_per_batch, len(dataset))))
         batch = phases.expand_prompts(prompts_batch(dataset, indices, tokenizer.pad_token_id), n, step)
         batch = batch.union(worker.generate(batch, sampling, seed=seed + start * n))
         batch, result, texts = phases.reward(batch, tokenizer, compute_score)
-        scores = result.scores.tolist()
-        accs = result.extra.get("acc", [None] * len(scores))
-        sources += list(batch["data_source"])
-        uids += [f"{u}-{start}" for u in batch["uid"]]
-        infos["reward"] += scores
-        infos["acc"] += [float(s > 0) if a is None else float(a) for a, s in zip(accs, scores, strict=True)]
+        scores, accs = tally.add(batch, result, start)
         records += [
             {"step": step, "source_row": int(r), "data_source": ds, "response": t, "reward": s, "acc": a}
             for r, ds, t, s, a in zip(
-                batch["source_row"],
-                batch["data_source"],
-                texts,
-                scores,
-                infos["acc"][-len(scores) :],
-                strict=True,
+                batch["source_row"], batch["data_source"], texts, scores, accs, strict=True
             )
         ]
-    return flatten_validation_metrics(process_validation_metrics(sources, uids, infos), n), records
+    return tally.metrics(n), records
+
+
+@dataclass
+class ValidationTally:
+    """What the validation metrics are computed from, gathered batch by batch: each generation's
+    data source, prompt uid (made unique across batches), reward and accuracy."""
+
+    sources: list[str] = field(default_factory=list)
+    uids: list[str] = field(default_factory=list)
+    infos: dict[str, list[float]] = field(default_factory=lambda: {"reward": [], "acc": []})
+
+    def add(self, batch: DataProto, result: RewardResult, start: int) -> tuple[list[float], list[float]]:
+        """Record a scored batch; returns (rewards, accuracies). Accuracy is the scorer's `acc`, else
+        reward > 0."""
+        scores = result.scores.tolist()
+        accs = result.extra.get("acc", [None] * len(scores))
+        accs = [float(s > 0) if a is None else float(a) for a, s in zip(accs, scores, strict=True)]
+        self.sources += list(batch["data_source"])
+        self.uids += [f"{u}-{start}" for u in batch["uid"]]
+        self.infos["reward"] += scores
+        self.infos["acc"] += accs
+        return scores, accs
+
+    def metrics(self, n: int) -> dict[str, float]:
+        """verl's flat `val-core/...` / `val-aux/...` metrics over everything recorded."""
+        return flatten_validation_metrics(process_validation_metrics(self.sources, self.uids, self.infos), n)
 
 
 def evaluate_accuracy(

@@ -5,7 +5,8 @@ dtype kind, a shape consistent with the other fields (the letters N, P, T are bo
 field that uses them, and `P+T` must equal their sum), masks holding only 0/1, and nothing
 non-finite under a field's mask. It accepts a `DataProto` or a `KVBatchMeta`; a meta carries no
 values, so only presence, dtype and shape are checked there (the controller can check references
-it never downloads).
+it never downloads). A DataProto whose bulk columns stay in the TransferQueue lists them in
+`meta_info[QUEUED_FIELDS]` (name -> `FieldInfo`); those are checked like a meta's fields.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.fields import DTYPE_KINDS, FIELDS, FieldSpec, field_spec
-from stratarl.transport.kv_meta import KVBatchMeta
+from stratarl.transport.kv_meta import QUEUED_FIELDS, KVBatchMeta
 from stratarl.transport.tensor_codec import torch_dtype
 
 
@@ -72,9 +73,11 @@ def _describe(batch: DataProto | KVBatchMeta) -> dict[str, _Column]:
     if isinstance(batch, KVBatchMeta):
         n_rows = len(batch)
         return {k: _Column(f.dtype, (n_rows, *f.row_shape), None) for k, f in batch.fields.items()}
+    queued = batch.meta_info.get(QUEUED_FIELDS, {})  # held in the TransferQueue, not here
+    remote = {k: _Column(f.dtype, (len(batch), *f.row_shape), None) for k, f in queued.items()}
     tensors = {k: _Column(str(v.dtype)[6:], tuple(v.shape), v) for k, v in batch.batch.items()}
     others = {k: _Column("object", tuple(v.shape), None) for k, v in batch.non_tensor_batch.items()}
-    return tensors | others
+    return remote | tensors | others
 
 
 def _check_dtype(spec: FieldSpec, column: _Column, where: str) -> None:

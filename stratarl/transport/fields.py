@@ -95,6 +95,10 @@ FIELDS: dict[str, FieldSpec] = dict(
               "id of the prompt, shared by its n samples: the group of group-relative estimators"),
         _spec("sample_index", "int64", "N", None, "expand", "trace",
               "index of this trajectory among the n samples of its prompt, 0..n-1"),
+        _spec("queue_key", "object", "N", None, "rollout",
+              "actor.log_prob reference.log_prob critic.value critic.update actor.update",
+              "the row's key in the TransferQueue (cluster.backend=ray): workers read and write its "
+              "fields there; absent in one process"),
         # ---- rollout: token-in/token-out trajectories -------------------------------------------
         _spec("prompts", "int64", "N P", "attention_mask", "rollout", "reward metrics trace",
               "prompt token ids (chat-templated), left-padded; the mask is attention_mask[:, :P]"),

@@ -19,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# meta_info key of a DataProto whose bulk columns stay in the TransferQueue: {name: FieldInfo}
+QUEUED_FIELDS = "queued_fields"
+
 
 @dataclass(frozen=True)
 class FieldInfo:

@@ -98,15 +98,42 @@ def test_impossible_resource_amounts_and_empty_pools_are_rejected_together():
 
 
 def test_drawing_shows_each_process_its_roles_and_the_weight_path():
-    split = render_mermaid(make_plan("split", DOC_PLANS["split"]))
+    split = render_mermaid(make_plan("split", DOC_PLANS["split"][1]))
     assert 'training0["process 0<br/>actor · reference"]' in split
     assert "training0 ==>|weights in buckets| rollout0" in split
     assert "training0 <-.->|FSDP2 collectives| training1" in split
-    colocated = render_mermaid(make_plan("colocated", DOC_PLANS["colocated"]))
+    colocated = render_mermaid(make_plan("colocated", DOC_PLANS["colocated"][1]))
     assert "weights in buckets" not in colocated  # each process loads its own engine
     assert colocated.count("actor · rollout · reference") == 2
+    ppo = render_mermaid(make_plan("colocated", *DOC_PLANS["colocated-ppo"][1:3]))
+    assert 'policy0_critic["process 0<br/>critic"]' in ppo  # its own process on bundle 0
+    assert "policy0_critic <-.->|FSDP2 collectives| policy1_critic" in ppo  # its own group
+    assert "policy0 <-.->|FSDP2 collectives| policy1" in ppo
 
 
 def test_architecture_doc_pictures_are_generated_from_the_plans():
     doc = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert docs_section() in doc, "run: python -m stratarl.cluster.plan_diagram docs/architecture.md"
+
+
+def test_a_critic_shares_each_training_bundle_with_the_policy_process():
+    """Two processes per bundle (the policy's and the critic's), each asking for half of it and each
+    using all of its threads, because they take turns."""
+    sizes = WorkerSizes(training_workers=2, cpus_per_training_worker=2, gpus_per_training_worker=1)
+    plan = make_plan("colocated", sizes, roles=[*ROLES, "critic"])
+    (pool,) = plan.pools
+    assert pool.processes_per_bundle == 2 and pool.cpus == 4.0  # the plan reserves no more
+    assert pool.process_share(1) == Bundle(cpus=1.0, gpus=0.5) and pool.bundles[1].threads == 2
+    split = make_plan("split", WorkerSizes(training_workers=2), roles=[*ROLES, "critic"])
+    assert [pool.processes_per_bundle for pool in split.pools] == [2, 1]  # training, rollout
+    assert make_plan("colocated", sizes).pools[0].process_share(0) == Bundle(2.0, 1.0)  # GRPO: alone
+    validate_plan(plan, roles=ROLES, cluster_cpus=4, cluster_gpus=2)
+
+
+def test_a_shared_bundle_of_several_gpus_is_rejected_naming_the_critic():
+    plan = make_plan("colocated", WorkerSizes(gpus_per_training_worker=2), roles=[*ROLES, "critic"])
+    with pytest.raises(PlacementError) as caught:
+        validate_plan(plan, roles=ROLES, cluster_cpus=4, cluster_gpus=2)
+    (problem,) = caught.value.problems
+    assert {"cluster.gpus_per_training_worker", "critic.enable"} <= set(problem.keys)
+    assert "2 processes (critic and the rest) share each bundle of 2 GPUs" in problem.message

@@ -125,3 +125,38 @@ def _flip_a_byte(path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def test_a_staged_role_joins_the_checkpoint_atomically_and_a_crash_between_leaves_none(tmp_path):
+    """A critic on ranks of its own writes its part first; until the policy's save adopts it, no
+    global_step_N exists, and the next save clears the leftovers."""
+    roles = make_roles(seed=0)
+    actor_only = {"actor": roles["actor"]}
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, actor_only)
+    manager.stage_role(2, "critic", roles["critic"])  # ... and the process dies before the save
+    assert manager.steps() == [1] and manager.find_latest() == (1, [])
+    with pytest.raises(ValueError, match=r"roles \['critic'\] were not staged for step 3"):
+        manager.save(3, actor_only, staged=["critic"])
+    manager.stage_role(3, "critic", roles["critic"])
+    path = manager.save(3, actor_only, staged=["critic"])
+    assert not list(tmp_path.glob(".staged-*")) and not list(tmp_path.glob(".tmp-*"))
+    files = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()}
+    assert {"critic/model.pt", "critic/optimizer.pt", "critic/extra.pt", "actor/model.pt"} <= files
+    (path / "critic" / "extra.pt").unlink()  # the manifest covers the staged files too
+    assert checkpoint_problem(path) == "critic/extra.pt is missing"
+
+
+def test_a_role_loaded_alone_gets_the_saved_state(tmp_path):
+    roles = make_roles(seed=0)
+    manager = CheckpointManager(tmp_path)
+    manager.stage_role(1, "critic", roles["critic"])
+    manager.save(1, {"actor": roles["actor"]}, staged=["critic"])
+    fresh = make_roles(seed=4)["critic"]
+    manager.load_role(1, "critic", fresh)
+    for (name, saved), loaded in zip(
+        roles["critic"].module.state_dict().items(), fresh.module.state_dict().values(), strict=True
+    ):
+        assert torch.equal(saved, loaded), name
+    with pytest.raises(ValueError, match="holds no 'reward_model'"):
+        manager.load_role(1, "reward_model", fresh)

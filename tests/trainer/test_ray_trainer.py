@@ -1,5 +1,5 @@
 """The unchanged trainer on Ray (cluster.backend=ray): both placements train, checkpoint through the
-ranks, resume, and report the bytes that crossed the controller."""
+ranks, resume, and report the bytes that crossed the controller; PPO's critic runs on ranks of its own."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from stratarl.trainer.rl_trainer import RLTrainer
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def ray_config(task, run_dir, placement, total_steps):
+def ray_config(task, run_dir, placement, total_steps, extra=()):
     # Two training ranks; in the split plan they take half a CPU each and the rollout replica one.
     share = "0.5" if placement == "split" else "1.0"
     return load_config(
@@ -42,6 +42,7 @@ def ray_config(task, run_dir, placement, total_steps):
             f"cluster.cpus_per_training_worker={share}",
             "cluster.num_cpus=2",
             "cluster.call_timeout_s=300",
+            *extra,
         ],
     )
 
@@ -60,4 +61,28 @@ def test_trainer_trains_checkpoints_and_resumes_on_ray(task, tmp_path, placement
     resumed.fit()
     train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3]
+    assert train[-1]["rollout/weight_version"] == 3.0  # resumed at version 2, one more sync
+
+
+def test_ppo_critic_ranks_train_beside_the_actor_checkpoint_and_resume_on_ray(task, tmp_path):
+    """GAE with a critic: on each 1-CPU bundle a policy rank and a critic rank of half a CPU each."""
+    os.environ.pop("RAY_ADDRESS", None)
+    run_dir = tmp_path / "run"
+    ppo = (
+        "algorithm.adv_estimator=gae",
+        "critic.prompts_per_mini_batch=4",
+        "critic.trajectories_per_micro_batch=4",
+        "critic.lr=1e-3",
+    )
+    RLTrainer(ray_config(task, run_dir, "colocated", total_steps=2, extra=ppo), run_dir).fit()
+    critic_dir = run_dir / "checkpoints" / "global_step_2" / "critic"
+    assert {p.name for p in critic_dir.iterdir()} == {"model.pt", "optimizer.pt", "extra.pt"}
+    assert not list((run_dir / "checkpoints").glob(".staged-*"))
+
+    RLTrainer(ray_config(task, run_dir, "colocated", total_steps=3, extra=ppo), run_dir).fit()
+    train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for record in train:
+        assert {"critic/vf_loss", "critic/grad_norm", "critic/vf_explained_var"} <= set(record), record
+        assert record["controller/sent_bytes"] > 0
     assert train[-1]["rollout/weight_version"] == 3.0  # resumed at version 2, one more sync

@@ -1,0 +1,35 @@
+"""Layer 2, control flow: the table printed at the end of a run — what ran, where it went, how it ended."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Last-step metrics worth a line of their own; controller bytes are averaged over the run's steps.
+LAST_STEP_METRICS = ("critic/score/mean", "actor/entropy")
+TRAFFIC_METRICS = ("controller/sent_bytes", "controller/received_bytes")
+
+
+def summary_rows(
+    history: list[dict[str, Any]],
+    last_val: Mapping[str, float],
+    where: Mapping[str, str],
+    start: int,
+    total_steps: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """Rows of the run summary: steps run, wall time, `where` (paths), the last step's score and
+    entropy, the mean bytes per step that passed through the controller, the last val-core metrics."""
+    train = [record for record in history if record.get("phase") == "train"]
+    rows: dict[str, Any] = {
+        "steps": f"{start + 1}..{total_steps} this run (of {total_steps})"
+        if start < total_steps
+        else f"none: the checkpoint at step {start} is the end of the run",
+        "wall time (s)": round(seconds, 1),
+        **where,
+    }
+    if train:
+        rows |= {k: v for k, v in train[-1].items() if k in LAST_STEP_METRICS}
+        rows |= {f"{k} per step": sum(r.get(k, 0.0) for r in train) / len(train) for k in TRAFFIC_METRICS}
+    rows |= {k: v for k, v in last_val.items() if k.startswith("val-core/")}
+    return rows
