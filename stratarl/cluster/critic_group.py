@@ -1,12 +1,12 @@
 """Layer 3, orchestration: the critic's worker group — `CriticWorker`'s methods over D data-parallel ranks.
 
 The trainer holds a `CriticWorker` (in-process) or a `CriticWorkerGroup` and calls both the same
-way. As in the policy's group (`worker_group`), each method body is the data path: split the batch
-over the ranks (`dispatch`: padded scoring shares for values, per-mini-batch update shares with
-zero-weight pad rows), call every rank through its backend (`ranks`), gather in row order. Only the
-scoring columns travel for values; the tensor columns for an update. With the policy's
-TransferQueue (Ray), the ranks read their rows from it and write their values back there; the
-controller sends references. Checkpoint calls are one-to-all: the ranks gather their shards together.
+way. As in the policy's group (`worker_group`), each method names its phase and the worker method
+the ranks run, and `path` carries the rows: `dispatch.DirectDispatch` (padded scoring shares for
+values, per-mini-batch update shares with zero-weight pad rows, gathered in row order) or, on Ray,
+the policy's TransferQueue (`QueueRows`): the ranks read their rows there and write their values
+back, the controller sends references. Checkpoint calls are one-to-all: the ranks gather their
+shards together.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from stratarl.cluster.critic_rank import CriticSpec
 from stratarl.cluster.critic_worker import CriticWorker
-from stratarl.cluster.dispatch import gather_from_ranks, split_for_ranks, split_for_update
+from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.queue_rows import QueueRows
 from stratarl.cluster.ranks import InProcessRanks, RayRanks
 from stratarl.cluster.worker_group import SCORING_COLUMNS
@@ -40,6 +40,7 @@ class CriticWorkerGroup:
         queue_rows: QueueRows | None = None,
     ):
         self.ranks, self.linear_coeff, self.rows = ranks, linear_coeff, queue_rows
+        self.path = queue_rows or DirectDispatch(linear_coeff)  # as in `PolicyWorkerGroup`
 
     @classmethod
     def in_process(cls, spec: CriticSpec) -> CriticWorkerGroup:
@@ -51,13 +52,9 @@ class CriticWorkerGroup:
         return self.ranks.size
 
     def compute_values(self, batch: DataProto) -> DataProto:
-        """[N, T] `values` of every row: each rank scores a balanced share (pad rows dropped after)."""
-        if self.rows is not None:  # the ranks read their rows and store the values for the update
-            return self.rows.score(self.ranks, "critic.value", "compute_values", batch, SCORING_COLUMNS)
-        scoring = batch.select([c for c in SCORING_COLUMNS if c in batch], meta_keys=[])
-        split = split_for_ranks(scoring, self.size, linear_coeff=self.linear_coeff)
-        calls = [((shard,), {}) for shard in split.shards]
-        return gather_from_ranks(self.ranks.call("critic.value", "compute_values", calls), split)
+        """[N, T] `values` of every row: each rank scores a balanced share (pad rows dropped after);
+        through the queue, the ranks also store them there for the update to read."""
+        return self.path.score(self.ranks, "critic.value", "compute_values", batch, SCORING_COLUMNS)
 
     def update_critic(
         self,
@@ -71,22 +68,15 @@ class CriticWorkerGroup:
         """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
         ranks average their metrics among themselves, so rank 0's are the group's."""
         options: dict[str, Any] = dict(epochs=epochs, shuffle_seed=shuffle_seed)
-        if self.rows is not None:  # the ranks read the model's inputs and the loss's columns
-            metrics, split = self.rows.update(
-                self.ranks,
-                "critic.update",
-                "update_critic",
-                batch,
-                loss_fn,
-                mini_batch_size=mini_batch_size,
-                **options,
-            )
-        else:  # the value model and loss read tensor columns only
-            tensors = batch.select(batch.tensor_keys)
-            split = split_for_update(tensors, self.size, mini_batch_size, linear_coeff=self.linear_coeff)
-            options["mini_batch_size"] = split.local_mini_batch_size
-            calls = [((shard, loss_fn), options) for shard in split.shards]
-            metrics = self.ranks.call("critic.update", "update_critic", calls)
+        metrics, split = self.path.update(
+            self.ranks,
+            "critic.update",
+            "update_critic",
+            batch,
+            loss_fn,
+            mini_batch_size=mini_batch_size,
+            **options,
+        )
         pad = {"critic/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {}
         return metrics[0] | pad
 

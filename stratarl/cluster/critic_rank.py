@@ -13,14 +13,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import ray
-import torch
-import transformers
-
 from stratarl.cluster.critic_worker import CriticWorker, load_critic
 from stratarl.cluster.queue_shard import QueueReader
+from stratarl.cluster.rank_process import RankProcess
 from stratarl.engine.data_parallel import DataParallel
-from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
 
 
 @dataclass(frozen=True)
@@ -37,11 +33,10 @@ class CriticSpec:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-class CriticRank(CriticWorker, QueueReader):
-    """Rank `rank` of the critic's `world_size`. Built in two steps, like `PolicyRank`: the
-    constructor only sets this process's threads (the bundle's, which it takes turns on with the
-    policy's process); `join(address, port)`, called on every rank at once with the address rank 0
-    chose, joins the critic's group and builds the sharded value model.
+class CriticRank(CriticWorker, QueueReader, RankProcess):
+    """Rank `rank` of the critic's `world_size`, started by `rank_process.start_ranks` like
+    `PolicyRank`: the constructor sets this process's threads (the bundle's, which it takes turns
+    on with the policy's process); `join` joins the critic's own group and calls `build`.
 
     `CriticWorker.__init__` is not run (the model must be built after the group exists), but the
     same attribute (`critic`) is set, so the inherited methods apply.
@@ -57,41 +52,18 @@ class CriticRank(CriticWorker, QueueReader):
         backend: str = "gloo",
         timeout_s: float = 600.0,
     ):
-        transformers.logging.disable_progress_bar()  # no per-process load bars in the driver log
-        torch.set_num_threads(threads)  # this process's CPU share: never more threads than cores
-        self.rank, self.world_size, self.spec = rank, world_size, spec
-        self.backend, self.timeout_s = backend, timeout_s
+        self.set_up(rank=rank, world_size=world_size, threads=threads, backend=backend, timeout_s=timeout_s)
+        self.spec = spec
         self.critic = None
 
-    # --- start-up --------------------------------------------------------------------------------
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    def rendezvous_address(self, loopback: bool) -> tuple[str, int]:
-        """Where the critic's group meets: this node's address (loopback when every rank is on this
-        node) and a port free here now."""
-        host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
-        return host, free_port(host)
-
-    def join(self, address: str, port: int) -> None:
-        """Join the critic's process group, then load the value model and shard it over the group.
-        Every rank draws the same fresh head (`init_seed`): FSDP2 keeps rank r's slice of rank r's copy."""
-        join_process_group(
-            address=address,
-            port=port,
-            rank=self.rank,
-            world_size=self.world_size,
-            backend=self.backend,
-            timeout_s=self.timeout_s,
-        )
+    def build(self, dp: DataParallel) -> None:
+        """Load the value model and shard it over the critic's group. Every rank draws the same fresh
+        head (`init_seed`): FSDP2 keeps rank r's slice of rank r's copy."""
         spec = self.spec
         self.critic = load_critic(
             spec.model_path,
             spec.critic_kwargs,
             spec.dtype,
             init_seed=0 if spec.init_seed is None else spec.init_seed,
-            data_parallel=DataParallel.over_world(),
+            data_parallel=dp,
         )
-
-    def leave(self) -> None:
-        leave_process_group()

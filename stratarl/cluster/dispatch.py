@@ -11,7 +11,9 @@ rank would (without shuffling); a mini-batch that does not divide is padded with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -109,3 +111,43 @@ def split_for_update(
             per_rank[rank].append(share)
     local = -(-mini_batch_size // dp_size)  # ⌈mini / D⌉ rows per rank per mini-batch
     return UpdateSplit([DataProto.concat(parts) for parts in per_rank], local, pad_rows)
+
+
+# --- a phase over the ranks, its batch through the controller ------------------------------------------
+@dataclass(frozen=True)
+class DirectDispatch:
+    """Each rank receives its rows in the call (the in-process backend, or Ray without the queue).
+    `queue_rows.QueueRows` has the same two methods for rows that stay in the TransferQueue.
+
+    linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks."""
+
+    linear_coeff: float = 0.0
+
+    def score(
+        self, ranks: Any, phase: str, method: str, batch: DataProto, columns: Sequence[str], **options: Any
+    ) -> DataProto:
+        """`method` (a scoring method of the ranks' worker) on D balanced shares of the batch's
+        `columns`; the outputs come back in row order, pad rows dropped."""
+        scoring = batch.select([c for c in columns if c in batch], meta_keys=[])
+        split = split_for_ranks(scoring, ranks.size, linear_coeff=self.linear_coeff)
+        outputs = ranks.call(phase, method, [((shard,), options) for shard in split.shards])
+        return gather_from_ranks(outputs, split)
+
+    def update(
+        self,
+        ranks: Any,
+        phase: str,
+        method: str,
+        batch: DataProto,
+        loss_fn: Any,
+        *,
+        mini_batch_size: int,
+        **options: Any,
+    ) -> tuple[list[dict[str, float]], UpdateSplit]:
+        """`method` (an update of the ranks' worker) on each rank's shares of the global mini-batches;
+        engines and losses read tensor columns only (texts, sources and ids stay with the controller).
+        Returns each rank's metrics and the split (for its pad-row count)."""
+        tensors = batch.select(batch.tensor_keys)
+        split = split_for_update(tensors, ranks.size, mini_batch_size, linear_coeff=self.linear_coeff)
+        options["mini_batch_size"] = split.local_mini_batch_size
+        return ranks.call(phase, method, [((shard, loss_fn), options) for shard in split.shards]), split

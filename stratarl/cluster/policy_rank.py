@@ -16,16 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ray
-import torch
-import transformers
-
-from stratarl.cluster.policy_worker import DTYPES, PolicyWorker, load_causal_lm
+from stratarl.cluster.policy_worker import DTYPES, PolicyWorker, load_causal_lm, lora_reference_batching
 from stratarl.cluster.queue_shard import QueueReader, generate_into_queue
+from stratarl.cluster.rank_process import RankProcess
 from stratarl.engine.actor import Actor, Reference
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.lora import apply_lora
-from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
 from stratarl.rollout.interface import GenerationRequest, GenerationResult
 from stratarl.rollout.torch_engine import TorchRolloutEngine
 from stratarl.rollout.weight_sync import (
@@ -57,10 +53,9 @@ class PolicySpec:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-class PolicyRank(PolicyWorker, QueueReader):
-    """Rank `rank` of `world_size`. Built in two steps because the ranks must meet first: the
-    constructor only sets this process's threads; `join(address, port)`, called on every rank at
-    once with the address rank 0 chose (`rendezvous_address`), joins the group and builds the models.
+class PolicyRank(PolicyWorker, QueueReader, RankProcess):
+    """Rank `rank` of `world_size`, started by `rank_process.start_ranks`: the constructor sets this
+    process's threads; `join` (on every rank at once) joins the group and calls `build`.
 
     with_rollout: serve generation here too (colocated plan); otherwise rollout replicas elsewhere
         receive the weights from rank 0 (`push_weights`).
@@ -81,34 +76,13 @@ class PolicyRank(PolicyWorker, QueueReader):
         backend: str = "gloo",
         timeout_s: float = 600.0,
     ):
-        transformers.logging.disable_progress_bar()  # no per-process load bars in the driver log
-        torch.set_num_threads(threads)  # this process's CPU share: never more threads than cores
-        self.rank, self.world_size, self.spec = rank, world_size, spec
-        self.with_rollout, self.backend, self.timeout_s = with_rollout, backend, timeout_s
+        self.set_up(rank=rank, world_size=world_size, threads=threads, backend=backend, timeout_s=timeout_s)
+        self.spec, self.with_rollout = spec, with_rollout
         self.actor, self.reference, self.rollout = None, None, None
         self.pad_token_id = spec.pad_token_id
 
-    # --- start-up --------------------------------------------------------------------------------
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    def rendezvous_address(self, loopback: bool) -> tuple[str, int]:
-        """Where the group meets: this node's address (loopback when every rank is on this node)
-        and a port free here now."""
-        host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
-        return host, free_port(host)
-
-    def join(self, address: str, port: int) -> None:
-        """Join the process group, then load the model and shard the actor (and reference) over it."""
-        join_process_group(
-            address=address,
-            port=port,
-            rank=self.rank,
-            world_size=self.world_size,
-            backend=self.backend,
-            timeout_s=self.timeout_s,
-        )
-        dp = DataParallel.over_world()
+    def build(self, dp: DataParallel) -> None:
+        """Load the model, then shard the actor (and reference) over the group."""
         spec = self.spec
         model = load_causal_lm(spec.model_path, spec.dtype)
         # Copies are taken before sharding: fully_shard turns the model's parameters into DTensors.
@@ -127,15 +101,12 @@ class PolicyRank(PolicyWorker, QueueReader):
             model = apply_lora(model, **spec.lora)
         self.actor = Actor(model, **spec.actor_kwargs, data_parallel=dp)
         if spec.with_reference and spec.lora:  # the base under the adapter: no second copy
-            self.reference = Reference.base_of(self.actor)
+            self.reference = Reference.base_of(self.actor, **lora_reference_batching(spec.reference_kwargs))
         elif spec.with_reference:
             settings = {"micro_batch_size": self.actor.micro_batch_size} | (spec.reference_kwargs or {})
             self.reference = Reference(
                 frozen, temperature=self.actor.temperature, data_parallel=dp, **settings
             )
-
-    def leave(self) -> None:
-        leave_process_group()
 
     # --- generation (colocated plan) -------------------------------------------------------------
     def generate_requests(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:

@@ -42,6 +42,13 @@ def lora_base_weights(actor: Actor) -> dict[str, torch.Tensor]:
     return base_state(strip_prefix(actor.dp.full_model_state(actor.module), "lm."))
 
 
+def lora_reference_batching(reference_kwargs: dict | None) -> dict:
+    """The reference.* settings a LoRA actor's base reference honours: its micro-batching. (It scores
+    through the actor's module, so reference.logit_chunk_size does not apply.)"""
+    keys = ("micro_batch_size", "max_tokens_per_micro_batch", "layout")
+    return {k: v for k, v in (reference_kwargs or {}).items() if k in keys}
+
+
 class PolicyWorker:
     """Actor + rollout engine (+ frozen reference) over one model directory."""
 
@@ -77,7 +84,7 @@ class PolicyWorker:
         self.pad_token_id = pad_token_id
         self.reference = None
         if with_reference and lora:  # the base under the adapter: the actor's weights, no copy
-            self.reference = Reference.base_of(self.actor)
+            self.reference = Reference.base_of(self.actor, **lora_reference_batching(reference_kwargs))
         elif with_reference:
             settings = {"micro_batch_size": self.actor.micro_batch_size} | (reference_kwargs or {})
             self.reference = Reference.copy_of(model, temperature=self.actor.temperature, **settings)

@@ -31,10 +31,10 @@ from stratarl.cluster.placement import (
     validate_plan,
 )
 from stratarl.cluster.queue_rows import QueueRows
+from stratarl.cluster.rank_process import start_ranks
 from stratarl.cluster.ranks import RayRanks
 from stratarl.cluster.ray_cluster import (
     RaySession,
-    actor_options,
     cluster_capacity,
     release_pools,
     reserve_pools,
@@ -100,24 +100,17 @@ class RayCriticGroup(CriticWorkerGroup):
         )
 
     def _start_ranks(self, group: PlacementGroup, *, backend: str) -> RayRanks:
-        pool = self.pool
-        rank_actor = ray.remote(CriticRank)
-        actors = [
-            rank_actor.options(**actor_options(pool, group, rank)).remote(
-                rank=rank,
-                world_size=pool.world_size,
-                threads=self.threads or bundle.threads,  # the whole bundle's: the processes take turns
-                spec=self.spec,
-                backend=backend,
-                timeout_s=self.timeout_s,
-            )
-            for rank, bundle in enumerate(pool.bundles)
-        ]
-        ranks = RayRanks("critic", actors, timeout_s=self.timeout_s)
-        nodes = ranks.call_all("init", "node_id")
-        address, port = ranks.call_rank(0, "init", "rendezvous_address", len(set(nodes)) == 1)
-        ranks.call_all("init", "join", address, port)  # the critic's own group, not the policy's
-        return ranks
+        # threads: the whole bundle's, since the critic's and the policy's processes take turns
+        return start_ranks(
+            "critic",
+            CriticRank,
+            self.pool,
+            group,
+            threads=self.threads,
+            timeout_s=self.timeout_s,
+            spec=self.spec,
+            backend=backend,
+        )
 
     def shutdown(self) -> None:
         """Stop the critic's ranks, free a pool this group reserved, end a cluster it started. After

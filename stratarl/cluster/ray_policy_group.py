@@ -20,6 +20,7 @@ import ray
 from stratarl.cluster.placement import PlacementPlan, validate_plan
 from stratarl.cluster.policy_rank import PolicyRank, PolicySpec
 from stratarl.cluster.queue_rows import QueueRows
+from stratarl.cluster.rank_process import start_ranks
 from stratarl.cluster.ranks import RayRanks
 from stratarl.cluster.ray_cluster import (
     RaySession,
@@ -94,24 +95,17 @@ class RayPolicyGroup(PolicyWorkerGroup):
     def _start_ranks(self, *, with_rollout: bool, backend: str) -> RayRanks:
         pool = self.plan.pool_of("actor")
         group = self.placement_groups[pool.name]
-        rank_actor = ray.remote(PolicyRank)
-        actors = [
-            rank_actor.options(**actor_options(pool, group, rank)).remote(
-                rank=rank,
-                world_size=pool.world_size,
-                threads=self.threads or bundle.threads,
-                spec=self.spec,
-                with_rollout=with_rollout,
-                backend=backend,
-                timeout_s=self.timeout_s,
-            )
-            for rank, bundle in enumerate(pool.bundles)
-        ]
-        ranks = RayRanks("actor", actors, timeout_s=self.timeout_s)
-        nodes = ranks.call_all("init", "node_id")
-        address, port = ranks.call_rank(0, "init", "rendezvous_address", len(set(nodes)) == 1)
-        ranks.call_all("init", "join", address, port)  # rank 0 chose; every rank meets there
-        return ranks
+        return start_ranks(
+            "actor",
+            PolicyRank,
+            pool,
+            group,
+            threads=self.threads,
+            timeout_s=self.timeout_s,
+            spec=self.spec,
+            with_rollout=with_rollout,
+            backend=backend,
+        )
 
     def _start_replicas(self) -> list[RemoteReplica]:
         pool = self.plan.pool_of("rollout")

@@ -1,11 +1,13 @@
 """Layer 3, orchestration: the policy's worker group — `PolicyWorker`'s methods over D data-parallel ranks.
 
 The trainer holds one `PolicyWorkerGroup` and calls it as it would call one `PolicyWorker`. Each
-method body is the data path: split the batch over the ranks (`dispatch`), call every rank through
-its backend (`ranks`: in this process, or Ray actors), gather the outputs in the original row
-order. One-to-all calls (weight sync, save) send the same arguments to every rank, because the
-ranks gather the sharded weights together. With a separate rollout pool (split plan), generation
-goes to the replicas, and weight sync pushes from training rank 0 to them.
+method names its phase and the worker method every rank runs; the group's `path` carries the rows:
+`dispatch.DirectDispatch` splits the batch over the ranks (padded, balanced), calls every rank
+through its backend (`ranks`: in this process, or Ray actors) and gathers the outputs in the
+original row order; `queue_rows.QueueRows` (Ray) does the same with shard references, the rows
+staying in the TransferQueue. One-to-all calls (weight sync, save) send the same arguments to every
+rank, because the ranks gather the sharded weights together. With a separate rollout pool (split
+plan), generation goes to the replicas, and weight sync pushes from training rank 0 to them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stratarl.cluster.dispatch import gather_from_ranks, split_for_ranks, split_for_update
+from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.policy_rank import PolicySpec
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.queue_rows import MODEL_INPUTS, QueueRows
@@ -54,6 +56,8 @@ class PolicyWorkerGroup:
         self.ranks, self.engines, self.separate_rollout = ranks, rollout, separate_rollout
         self.bucket_bytes, self.linear_coeff = bucket_bytes, linear_coeff
         self.rows = queue_rows  # None: batches travel through the controller as DataProto
+        # How a phase's rows reach the ranks: shard references into the queue, or the rows themselves.
+        self.path = queue_rows or DirectDispatch(linear_coeff)
 
     @classmethod
     def in_process(cls, spec: PolicySpec) -> PolicyWorkerGroup:
@@ -111,22 +115,14 @@ class PolicyWorkerGroup:
         self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
     ) -> DataProto:
         options = {"with_entropy": with_entropy, "with_sum_pi_squared": with_sum_pi_squared}
-        if self.rows is not None:
-            return self.rows.score(
-                self.ranks, "actor.log_prob", "compute_log_prob", batch, SCORING_COLUMNS, **options
-            )
-        split = split_for_ranks(self._scoring_columns(batch), self.size, linear_coeff=self.linear_coeff)
-        calls = [((shard,), options) for shard in split.shards]
-        return gather_from_ranks(self.ranks.call("actor.log_prob", "compute_log_prob", calls), split)
+        return self.path.score(
+            self.ranks, "actor.log_prob", "compute_log_prob", batch, SCORING_COLUMNS, **options
+        )
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        if self.rows is not None:
-            return self.rows.score(
-                self.ranks, "reference.log_prob", "compute_ref_log_prob", batch, SCORING_COLUMNS
-            )
-        split = split_for_ranks(self._scoring_columns(batch), self.size, linear_coeff=self.linear_coeff)
-        calls = [((shard,), {}) for shard in split.shards]
-        return gather_from_ranks(self.ranks.call("reference.log_prob", "compute_ref_log_prob", calls), split)
+        return self.path.score(
+            self.ranks, "reference.log_prob", "compute_ref_log_prob", batch, SCORING_COLUMNS
+        )
 
     def update_actor(
         self,
@@ -141,22 +137,15 @@ class PolicyWorkerGroup:
         """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
         ranks average their metrics among themselves, so rank 0's are the group's."""
         options = dict(epochs=epochs, shuffle_seed=shuffle_seed, with_entropy=with_entropy)
-        if self.rows is not None:  # the ranks read every tensor column from the queue
-            metrics, split = self.rows.update(
-                self.ranks,
-                "actor.update",
-                "update_actor",
-                batch,
-                loss_fn,
-                mini_batch_size=mini_batch_size,
-                **options,
-            )
-        else:  # engines and losses read tensor columns only: texts, sources, ids stay here
-            tensors = batch.select(batch.tensor_keys)
-            split = split_for_update(tensors, self.size, mini_batch_size, linear_coeff=self.linear_coeff)
-            options["mini_batch_size"] = split.local_mini_batch_size
-            calls = [((shard, loss_fn), options) for shard in split.shards]
-            metrics = self.ranks.call("actor.update", "update_actor", calls)
+        metrics, split = self.path.update(
+            self.ranks,
+            "actor.update",
+            "update_actor",
+            batch,
+            loss_fn,
+            mini_batch_size=mini_batch_size,
+            **options,
+        )
         return metrics[0] | ({"actor/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {})
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
@@ -198,10 +187,6 @@ class PolicyWorkerGroup:
         self.ranks.stop()
         if self.separate_rollout:
             self.engines.stop()
-
-    @staticmethod
-    def _scoring_columns(batch: DataProto) -> DataProto:
-        return batch.select([c for c in SCORING_COLUMNS if c in batch], meta_keys=[])
 
     def __enter__(self) -> PolicyWorkerGroup:
         return self

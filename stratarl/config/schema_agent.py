@@ -28,7 +28,7 @@ class AgentConfig:
     )
     default_agent: str = setting(
         "tool_agent",
-        "agent loop of every row (the dataset's agent_name column is not read)",
+        "agent loop of rows whose dataset row names none (its agent_name column)",
         verl="actor_rollout_ref.rollout.agent.default_agent_loop",
         choices=AGENT_LOOPS,
     )
@@ -73,8 +73,11 @@ class AgentConfig:
     reward_workers: int = setting(2, "scoring processes when streaming_reward is on")
 
 
-def agent_problems(agent: AgentConfig, *, adv_estimator: str) -> list[ConfigProblem]:
-    """What `validate_config` cannot see in `agent.*`: ranges, and combinations the loop cannot run."""
+def agent_problems(
+    agent: AgentConfig, *, adv_estimator: str, check_paths: bool = True
+) -> list[ConfigProblem]:
+    """The problems of `agent.*` (part of `validate_config`): ranges, config files that do not exist
+    (with check_paths), and combinations the loop cannot run."""
     if not agent.enable:
         return []
     checks = [
@@ -94,7 +97,7 @@ def agent_problems(agent: AgentConfig, *, adv_estimator: str) -> list[ConfigProb
         ),
     ]
     problems = [ConfigProblem((key,), message) for fails, key, message in checks if fails]
-    for key in ("agent.tool_config_path", "agent.interaction_config_path"):
+    for key in ("agent.tool_config_path", "agent.interaction_config_path") if check_paths else ():
         path = getattr(agent, key.partition(".")[2])
         if path and not Path(path).is_file():
             problems.append(ConfigProblem((key,), f"file not found: {path}"))

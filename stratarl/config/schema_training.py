@@ -212,7 +212,9 @@ class ReferenceConfig:
     )
     layout: str = setting("packed", LAYOUT_DOC, choices=LAYOUTS)
     logit_chunk_size: int | None = setting(
-        LOGIT_CHUNK_SIZE, "rows of logits made at a time for log-probs; null: all at once"
+        LOGIT_CHUNK_SIZE,
+        "rows of logits made at a time for log-probs; null: all at once (under LoRA the reference "
+        "scores through the actor's module: actor.logit_chunk_size applies)",
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
+from stratarl.config.schema_agent import agent_problems
 from stratarl.config.schema_run import RunConfig
 from stratarl.config.setting import get_by_key, leaf_settings, type_name, value_matches_type
 
@@ -99,6 +100,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *_range_problems(cfg),
         *_combination_problems(cfg),
         *_engine_problems(cfg),
+        *agent_problems(cfg.agent, adv_estimator=cfg.algorithm.adv_estimator, check_paths=check_paths),
         *(_path_problems(cfg) if check_paths else []),
     ]
     if problems:

@@ -74,6 +74,7 @@ def collate_prompts(
         "source_file": [item.source_file for item in items],
         "source_split": [item.source_split for item in items],
         "source_row": [item.source_row for item in items],
+        "agent_name": [item.agent_name for item in items],
     }
     return PromptBatch(tensors, {key: _object_array(values) for key, values in columns.items()})
 

@@ -32,6 +32,7 @@ class PromptItem:
     source_file: str
     source_split: str  # extra_info["split"] when present, else the file's stem
     source_row: int  # row index inside source_file
+    agent_name: str | None = None  # the row's agent loop (multi-turn); None: agent.default_agent
 
 
 @dataclass(frozen=True)
@@ -151,4 +152,5 @@ def _item_from_row(row: dict[str, Any], tokenizer: Any, file: str, row_index: in
         source_file=file,
         source_split=split if isinstance(split, str) and split else Path(file).stem,
         source_row=row_index,
+        agent_name=verl_row.agent_name,
     )

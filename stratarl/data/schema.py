@@ -1,8 +1,9 @@
 """Layer 5, data: verl's parquet row schema — reading, checking and writing rows with pyarrow.
 
 A row: `data_source` (str), `prompt` (list of chat messages {"role", "content"}), `ability` (str),
-`reward_model` ({"style", "ground_truth"}), `extra_info` ({"split", "index", ...}). Extra columns
-are kept untouched. `check_row` turns one raw row into a `VerlRow` or raises `RowError` with a
+`reward_model` ({"style", "ground_truth"}), `extra_info` ({"split", "index", ...}), and optionally
+`agent_name` (str: the agent loop of a multi-turn row, verl's per-row choice). Extra columns are
+kept untouched. `check_row` turns one raw row into a `VerlRow` or raises `RowError` with a
 reason, so a reader can report the file and row and move on.
 """
 
@@ -28,6 +29,7 @@ class VerlRow:
     ground_truth: Any
     ability: str
     extra_info: dict[str, Any]
+    agent_name: str | None = None  # None: agent.default_agent
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -59,12 +61,16 @@ def check_row(row: dict[str, Any]) -> VerlRow:
     extra_info = row.get("extra_info")
     if extra_info is not None and not isinstance(extra_info, dict):
         raise RowError(f"extra_info must be a dict, got {_describe(extra_info)}")
+    agent_name = row.get("agent_name")
+    if agent_name is not None and (not isinstance(agent_name, str) or not agent_name):
+        raise RowError(f"agent_name must be a non-empty string or absent, got {_describe(agent_name)}")
     return VerlRow(
         data_source=data_source,
         messages=_check_messages(row),
         ground_truth=_check_ground_truth(row),
         ability=ability or "",
         extra_info=dict(extra_info or {}),
+        agent_name=agent_name,
     )
 
 

@@ -261,13 +261,31 @@ class Reference:
         return cls(copy.deepcopy(model), **kwargs)
 
     @classmethod
-    def base_of(cls, actor: Actor) -> Reference:
-        """The base model under a LoRA actor: same weights in memory, adapter disabled while scoring."""
+    def base_of(
+        cls,
+        actor: Actor,
+        *,
+        micro_batch_size: int | None = None,
+        max_tokens_per_micro_batch: int | None = None,
+        layout: str | None = None,
+    ) -> Reference:
+        """The base model under a LoRA actor: same weights in memory, adapter disabled while scoring.
+        Its own micro-batching (each setting left None is the actor's); the logit chunk size is the
+        actor's, since the scoring module is shared."""
         if not is_lora(actor.model):
             raise ValueError("Reference.base_of needs a LoRA actor; use Reference.copy_of otherwise")
         reference = cls.__new__(cls)
         reference.model, reference.module = actor.model, actor.module
-        reference.temperature, reference.dp, reference.batching = actor.temperature, actor.dp, actor.batching
+        reference.temperature, reference.dp = actor.temperature, actor.dp
+        own = actor.batching
+        reference.batching = MicroBatching(
+            micro_batch_size or own.micro_batch_size,
+            max_tokens=max_tokens_per_micro_batch
+            if max_tokens_per_micro_batch is not None
+            else own.max_tokens,
+            layout=layout or own.layout,
+            linear_coeff=own.linear_coeff,
+        )
         reference._context = actor.model.disable_adapter
         return reference
 

@@ -23,7 +23,7 @@ from stratarl.agent.batch_edge import trajectories_to_batch
 from stratarl.agent.interactions.base import Interaction, load_interactions
 from stratarl.agent.metrics import agent_metrics
 from stratarl.agent.rendering import ChatRenderer
-from stratarl.agent.runner import AgentLoopRunner
+from stratarl.agent.runner import AGENT_LOOPS, AgentLoopRunner
 from stratarl.agent.scoring import StreamingScorer
 from stratarl.agent.tool_loop import LoopLimits
 from stratarl.agent.tools.base import Tool
@@ -32,6 +32,7 @@ from stratarl.agent.trajectory import Trajectory
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import ConfigError, RunConfig
 from stratarl.config.schema_agent import agent_problems
+from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.reward.batch_scorer import RewardResult
 from stratarl.reward.process_pool import ScoringPool
 from stratarl.rollout.interface import SamplingParams
@@ -149,6 +150,23 @@ def build_agent_rollout(
     )
 
 
+def check_agent_names(*datasets: PromptDataset | None) -> None:
+    """Raise before any worker starts when dataset rows name an agent loop that does not exist
+    (`agent_name`), listing the first files and rows; rows naming none use agent.default_agent."""
+    bad = [
+        f"{item.source_file} row {item.source_row}: {item.agent_name!r}"
+        for dataset in datasets
+        if dataset is not None
+        for item in dataset.items
+        if item.agent_name is not None and item.agent_name not in AGENT_LOOPS
+    ]
+    if bad:
+        valid = ", ".join(sorted(AGENT_LOOPS))
+        raise ValueError(
+            f"{len(bad)} dataset row(s) name an unknown agent loop (valid: {valid}): " + "; ".join(bad[:5])
+        )
+
+
 def episode_rows(batch: DataProto) -> list[dict[str, Any]]:
     """The runner's input rows from N expanded prompts (`uid`, `sample_index` and the columns of
     `collate_prompts`); request ids read `<uid>/<sample index>`."""
@@ -160,6 +178,8 @@ def episode_rows(batch: DataProto) -> list[dict[str, Any]]:
             "data_source": batch["data_source"][i],
             "ground_truth": batch["ground_truth"][i],
             "extra_info": dict(batch["extra_info"][i] or {}),
+            # the row's agent loop when the dataset names one (the runner falls back to default_agent)
+            "agent_name": batch["agent_name"][i] if "agent_name" in batch else None,
         }
         for i in range(len(batch))
     ]

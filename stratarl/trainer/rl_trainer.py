@@ -80,6 +80,8 @@ class RLTrainer:
             if d.val_files
             else None
         )
+        if cfg.agent.enable:  # each row's agent loop (agent_name) must exist
+            agent_rollout.check_agent_names(self.train_set, self.val_set)
         data_seed = d.seed if d.seed is not None else cfg.trainer.seed
         self.sampler = PromptSampler(
             len(self.train_set), batch_size=d.prompts_per_step, seed=data_seed, shuffle=d.shuffle

@@ -91,6 +91,9 @@ FIELDS: dict[str, FieldSpec] = dict(
               "dict {style, ground_truth} from the dataset row (verl parquet schema)"),
         _spec("extra_info", "object", "N", None, "dataloader", "reward trace",
               "dict from the dataset row: split, index and task-specific entries"),
+        _spec("agent_name", "object", "N", None, "dataloader", "rollout",
+              "the row's agent loop (multi-turn): the dataset's agent_name column, None for "
+              "agent.default_agent"),
         _spec("uid", "object", "N", None, "expand", "advantage trace",
               "id of the prompt, shared by its n samples: the group of group-relative estimators"),
         _spec("sample_index", "int64", "N", None, "expand", "trace",

@@ -186,3 +186,24 @@ def test_doubtful_settings_come_back_as_warnings(paths):
     assert any("seq-mean-token-mean" in w for w in warnings)  # sapo's forced aggregation
     no_val = [p for p in paths if not p.startswith("data.val_files")]
     assert any("data.val_files" in w for w in validate_config(load_config(None, no_val)))
+
+
+def test_agent_settings_are_checked_with_the_rest_before_any_worker_starts(tmp_path):
+    missing = tmp_path / "no_tools.yaml"
+    err = _errors(
+        [
+            "agent.enable=true",
+            "agent.max_parallel_calls=0",
+            f"agent.tool_config_path={missing}",
+            "data.prompts_per_step=10",
+            "actor.prompts_per_mini_batch=4",
+        ],
+        check_paths=True,
+    )
+    assert "≥ 1" in _message(err, "agent.max_parallel_calls")
+    assert str(missing) in _message(err, "agent.tool_config_path")
+    assert _message(err, "data.prompts_per_step", "actor.prompts_per_mini_batch")  # all reported at once
+    skipped = _errors(
+        ["agent.enable=true", "agent.max_parallel_calls=0", f"agent.tool_config_path={missing}"]
+    )
+    assert not [p for p in skipped.problems if "agent.tool_config_path" in p.keys]  # check_paths=False

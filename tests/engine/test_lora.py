@@ -41,6 +41,11 @@ def test_reference_is_the_base_model_with_the_adapter_disabled(trained):
     torch.testing.assert_close(reference.compute_log_prob(batch), expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(actor.compute_log_prob(batch)[0], expected, atol=1e-3)
     assert actor.compute_log_prob(batch)[0].requires_grad is False
+    # the reference's own micro-batching (reference.* keys) gives the same numbers, one row at a time
+    own = Reference.base_of(actor, micro_batch_size=1, max_tokens_per_micro_batch=64, layout="padded")
+    assert (own.batching.micro_batch_size, own.batching.max_tokens, own.batching.layout) == (1, 64, "padded")
+    assert own.module is actor.module and actor.batching.layout == "packed"
+    torch.testing.assert_close(own.compute_log_prob(batch), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_merged_export_equals_peft_merge_and_loads_into_the_plain_model(trained):

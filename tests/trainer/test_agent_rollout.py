@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from stratarl.config import ConfigError, load_config, validate_config
+from stratarl.data.schema import read_rows, write_rows
 from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import RunLog, read_metrics
 from stratarl.trainer import builders, phases
-from stratarl.trainer.agent_rollout import build_agent_rollout
+from stratarl.trainer.agent_rollout import build_agent_rollout, check_agent_names
 from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation, tool_call_success_rate
 from stratarl.trainer.rl_trainer import RLTrainer
@@ -208,3 +209,30 @@ def test_streaming_reward_scores_as_the_reward_phase_would(task):
     rescored, _, _ = phases.reward(unscored, tokenizer, compute_score)
     torch.testing.assert_close(streamed["token_level_scores"], rescored["token_level_scores"])
     assert torch.equal(streamed["acc"], rescored["acc"])
+
+
+def test_each_row_runs_the_agent_loop_its_dataset_row_names(task, tmp_path):
+    rows = read_rows(task["test"])
+    for i, row in enumerate(rows):  # even rows: the single-turn loop; odd rows: no name, the default
+        row["agent_name"] = "single_turn_agent" if i % 2 == 0 else None
+    path = write_rows(tmp_path / "named.parquet", rows)
+    cfg = tool_config(task, f"data.val_files=['{path}']")
+    tokenizer = builders.load_tokenizer(cfg)
+    val_set = builders.load_prompts(cfg.data.val_files, tokenizer, max_prompt_tokens=64, limit=None)
+    assert [item.agent_name for item in val_set.items] == [r["agent_name"] for r in rows]
+    agent = build_agent_rollout(cfg, tokenizer, builders.build_compute_score(cfg))
+    worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
+    _, records = run_agent_validation(
+        agent, worker, val_set, tokenizer=tokenizer, compute_score=builders.build_compute_score(cfg),
+        sampling=builders.val_sampling(cfg), n=1, step=0, seed=0,
+    )  # fmt: skip
+    single = [r for r in records if r["source_row"] % 2 == 0]
+    assert all(len(r["turns"]) == 1 and not r["turns"][0]["tool_calls"] for r in single)
+    assert any(c for r in records if r["source_row"] % 2 for t in r["turns"] for c in t["tool_calls"])
+    rows[1]["agent_name"] = "react_agent"
+    write_rows(tmp_path / "unknown.parquet", rows)
+    unknown = builders.load_prompts(
+        [str(tmp_path / "unknown.parquet")], tokenizer, max_prompt_tokens=64, limit=None
+    )
+    with pytest.raises(ValueError, match=r"unknown\.parquet row 1: 'react_agent'"):
+        check_agent_names(val_set, unknown)
