@@ -129,7 +129,9 @@ class ValueScorer(nn.Module):
         hidden = _hidden_states(self.value_model.base_model, inputs, self.autocast_dtype)
         dropout = getattr(self.value_model, "dropout", nn.Identity())
         head = self.value_model.score
-        return head(dropout(hidden.to(head.weight.dtype))).squeeze(-1).float()
+        # A new tensor, not a view of the head's output: FSDP2 hooks backward onto the module's output,
+        # and an in-place op on a returned view would silently skip that hook.
+        return head(dropout(hidden.to(head.weight.dtype))).squeeze(-1).float().clone()
 
     def score(self, inputs: ModelInputs) -> ValueScores:
         return ValueScores(values=inputs.to_grid(self(inputs)))
