@@ -184,6 +184,17 @@ class QueueRows:
         calls = [((shard, method, loss_fn), options) for shard in shards]
         return ranks.call(phase, "run_on_queue", calls), split
 
+    def materialize(self, batch: DataProto) -> DataProto:
+        """The batch with its queued bulk columns read back from the queue (for inspection, or to
+        hand it to an in-process worker); a batch without queued columns is returned as it is."""
+        queued = batch.meta_info.get(QUEUED_FIELDS, {})
+        if not queued:
+            return batch
+        meta = KVBatchMeta(self.partition, self.keys_of(batch), {})
+        bulk = self.queue.get(meta, fields=list(queued)).select(list(queued), meta_keys=[])
+        local = batch.select(batch.columns, meta_keys=[k for k in batch.meta_info if k != QUEUED_FIELDS])
+        return local.union(bulk)
+
     def take_traffic(self) -> dict[str, float]:
         """Bytes the controller wrote to and read from the queue since the last call (Ray units
         count them; storage in this process moves none between processes)."""

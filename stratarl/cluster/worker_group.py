@@ -168,6 +168,11 @@ class PolicyWorkerGroup:
         return self.ranks.call_all("load", "load_checkpoint", root, step=step)[0]
 
     # --- the TransferQueue path ------------------------------------------------------------------
+    def materialize(self, batch: DataProto) -> DataProto:
+        """A batch of this group with every column in it: the bulk columns the TransferQueue holds
+        are read back (what a notebook or a one-process worker needs); as it is without a queue."""
+        return batch if self.rows is None else self.rows.materialize(batch)
+
     def clear_queue(self) -> None:
         """Drop the step's rows from the TransferQueue (verl's kv_clear at the end of a step)."""
         if self.rows is not None:

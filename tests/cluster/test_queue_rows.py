@@ -104,6 +104,8 @@ def test_bulk_columns_are_referenced_not_held_and_unknown_fields_are_named():
     assert torch.equal(rows.queue.get(meta)["input_ids"], rows_batch["input_ids"])
     with pytest.raises(KeyError, match="'values' is neither in the batch nor in the TransferQueue"):
         rows.sync(light, ["values"])
+    full = rows.materialize(light)  # for inspection or a one-process worker: every column again
+    assert torch.equal(full["input_ids"], rows_batch["input_ids"]) and QUEUED_FIELDS not in full.meta_info
 
 
 def test_clear_drops_the_partition_and_forgets_the_digests():

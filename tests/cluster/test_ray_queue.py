@@ -18,7 +18,7 @@ from stratarl.cluster.ranks import wire_bytes  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
 from stratarl.cluster.ray_policy_group import RayPolicyGroup  # noqa: E402
 from stratarl.transport.field_checks import validate  # noqa: E402
-from stratarl.transport.kv_meta import QUEUED_FIELDS, KVBatchMeta  # noqa: E402
+from stratarl.transport.kv_meta import KVBatchMeta  # noqa: E402
 from tests.cluster.test_ray_training import SAMPLING, spec  # noqa: E402,F401  (module fixture)
 from tests.cluster.test_worker_group import prompts, with_advantages  # noqa: E402
 from tests.engine.tiny_batches import policy_gradient_loss  # noqa: E402
@@ -36,13 +36,6 @@ def group(spec):  # noqa: F811
     session.shutdown()
 
 
-def full_rows(group: RayPolicyGroup, batch) -> object:
-    """The batch's rows with every column, read back from the queue (what the ranks see)."""
-    queued = list(batch.meta_info[QUEUED_FIELDS])
-    meta = KVBatchMeta(group.rows.partition, list(batch[KEY]), {})
-    return batch.union(group.rows.queue.get(meta, fields=queued).select(queued, meta_keys=[]))
-
-
 def test_generation_writes_the_bulk_columns_to_the_queue_not_to_the_controller(group, spec):  # noqa: F811
     group.controller_bytes()
     batch = group.generate(prompts(7, seed=5), SAMPLING, seed=3)
@@ -50,7 +43,7 @@ def test_generation_writes_the_bulk_columns_to_the_queue_not_to_the_controller(g
     assert KEY in batch and not any(name in batch for name in BULK_FIELDS)
     validate(batch, writes=["prompts", "input_ids", "position_ids", "responses"], phase="rollout")
     single = PolicyWorker(**spec.worker_kwargs()).generate(prompts(7, seed=5), SAMPLING, seed=3)
-    full = full_rows(group, batch)
+    full = group.materialize(batch)
     for name in ("prompts", "input_ids", "position_ids", "attention_mask", "responses", "response_mask"):
         assert torch.equal(full[name], single[name]), name  # the layout one engine makes
     bulk = sum(single[name].numel() * 8 for name in BULK_FIELDS)
@@ -62,7 +55,7 @@ def test_generation_writes_the_bulk_columns_to_the_queue_not_to_the_controller(g
 def test_scoring_and_update_through_the_queue_equal_one_process(group, spec):  # noqa: F811
     batch = group.generate(prompts(8, seed=2), SAMPLING, seed=1)
     single = PolicyWorker(**spec.worker_kwargs())
-    full = full_rows(group, batch)
+    full = group.materialize(batch)
     group.controller_bytes()
     scored = group.compute_log_prob(batch, with_entropy=True)
     scoring_traffic = group.controller_bytes()
