@@ -225,8 +225,7 @@ def build_critic_worker(
             f"the policy first and pass it as policy= (got {type(policy).__name__})"
         )
     backend = "nccl" if cfg.cluster.gpus_per_training_worker > 0 else "gloo"
-    # Every rank must draw the same fresh value head: from the run's seed.
-    spec = CriticSpec(**(kwargs | {"init_seed": cfg.trainer.seed}))
+    spec = CriticSpec(**kwargs)
     return RayCriticGroup.beside(policy, spec, backend=backend)
 
 
@@ -236,6 +235,9 @@ def critic_worker_kwargs(cfg: RunConfig, *, total_steps: int) -> dict[str, Any]:
     return dict(
         model_path=c.model_path or cfg.model.path,
         dtype=cfg.model.dtype,
+        # a fresh value head drawn from the run's seed: the same head in one process and on every
+        # Ray rank, so both backends train the same critic
+        init_seed=cfg.trainer.seed,
         critic_kwargs={
             "lr": c.lr,
             "micro_batch_size": c.trajectories_per_micro_batch,
