@@ -9,8 +9,12 @@ import pytest
 
 pytest.importorskip("ray")
 
+import ray
+
+from stratarl.cluster.ranks import WorkerError
 from stratarl.config import load_config
 from stratarl.observe.run_log import read_metrics
+from stratarl.trainer import builders
 from stratarl.trainer.quickstart import RECIPE
 from stratarl.trainer.rl_trainer import RLTrainer
 
@@ -86,3 +90,21 @@ def test_ppo_critic_ranks_train_beside_the_actor_checkpoint_and_resume_on_ray(ta
         assert {"critic/vf_loss", "critic/grad_norm", "critic/vf_explained_var"} <= set(record), record
         assert record["controller/sent_bytes"] > 0
     assert train[-1]["rollout/weight_version"] == 3.0  # resumed at version 2, one more sync
+
+
+def test_a_critic_that_cannot_start_stops_the_policy_processes_too(task, tmp_path):
+    """The policy's ranks are up when the critic's fail: the error names the critic, and nothing is
+    left running (the local cluster the policy started is shut down)."""
+    os.environ.pop("RAY_ADDRESS", None)
+    not_a_model = tmp_path / "not_a_model"
+    not_a_model.mkdir()  # exists, so validation passes; loading it fails on the critic's ranks
+    ppo = (
+        "algorithm.adv_estimator=gae",
+        f"critic.model_path={not_a_model}",
+        "critic.prompts_per_mini_batch=4",
+    )
+    cfg = ray_config(task, tmp_path / "run", "colocated", total_steps=1, extra=ppo)
+    tokenizer = builders.load_tokenizer(cfg)
+    with pytest.raises(WorkerError, match="critic worker group failed in phase 'init'"):
+        builders.build_workers(cfg, tokenizer, total_steps=1)
+    assert not ray.is_initialized()
