@@ -17,8 +17,7 @@ from typing import Any
 from stratarl.agent.rendering import ChatRenderer
 from stratarl.agent.sft_target import sft_target_ids
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
-from stratarl.trainer.sft import MODEL_COLUMNS, reference_response
-from stratarl.transport.batch_edge import lay_out_batch_edge
+from stratarl.trainer.sft import reference_response, sft_examples
 from stratarl.transport.data_proto import DataProto
 
 
@@ -50,13 +49,4 @@ def agent_sft_batch(
             raise ValueError(f"{item.source_file} row {item.source_row}: {err}") from err
         targets.append(ids)
         masks.append(mask)
-    prompt_ids = [list(it.prompt_ids) for it in items]
-    columns = lay_out_batch_edge(
-        prompt_ids,
-        targets,
-        pad_token_id=tokenizer.pad_token_id,
-        prompt_len=max(len(p) for p in prompt_ids),
-        response_len=max(len(t) for t in targets),
-        action_mask=masks,
-    )
-    return DataProto.from_dict({k: columns[k] for k in MODEL_COLUMNS})
+    return sft_examples(items, targets, tokenizer.pad_token_id, masks=masks)

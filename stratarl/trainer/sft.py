@@ -8,7 +8,7 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import RunConfig, save_resolved_config
-from stratarl.data.prompt_dataset import PromptDataset
+from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.run_log import RunLog
 from stratarl.trainer import builders
@@ -53,15 +53,24 @@ def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer: Any) -> Dat
     items = [dataset[i] for i in indices]
     eos = tokenizer.eos_token_id
     targets = [[*tokenizer.encode(reference_response(it), add_special_tokens=False), eos] for it in items]
+    return sft_examples(items, targets, tokenizer.pad_token_id)
+
+
+def sft_examples(
+    items: Sequence[PromptItem], targets: list[list[int]], pad_token_id: int, *, masks: list | None = None
+) -> DataProto:
+    """Each item's prompt ++ its target ids, in the batch-edge layout at the batch's widths; `masks`
+    (per target token, 1 = trained) become response_mask, all ones by default."""
     prompt_ids = [list(it.prompt_ids) for it in items]
     columns = lay_out_batch_edge(
         prompt_ids,
         targets,
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=pad_token_id,
         prompt_len=max(len(p) for p in prompt_ids),
         response_len=max(len(t) for t in targets),
+        action_mask=masks,
     )
-    return DataProto.from_dict({k: columns[k] for k in (*MODEL_COLUMNS,)})
+    return DataProto.from_dict({k: columns[k] for k in MODEL_COLUMNS})
 
 
 def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker:

@@ -4,35 +4,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stratarl.cluster.policy_worker import load_causal_lm
-from stratarl.config import load_config
 from stratarl.engine.actor import compute_log_probs
 from stratarl.engine.lora import base_state
 from stratarl.observe.run_log import read_metrics
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import tensor_bytes
 from stratarl.trainer import builders
-from stratarl.trainer.quickstart import RECIPE
 from stratarl.trainer.rl_trainer import RLTrainer
 from tests.engine.tiny_batches import policy_gradient_loss
+from tests.trainer.test_rl_trainer import small_config as rl_trainer_config
 
 
 def small_config(task, *extra):
-    return load_config(
-        RECIPE,
-        [
-            f"data.train_files=[{task['train']}]",
-            f"data.val_files=[{task['test']}]",
-            f"model.path={task['model']}",
-            "data.prompts_per_step=4",
-            "rollout.n=4",
-            "rollout.max_response_tokens=8",
-            "actor.prompts_per_mini_batch=2",
-            "actor.trajectories_per_micro_batch=4",
-            "trainer.total_steps=3",
-            "trainer.test_freq=0",
-            *extra,
-        ],
-    )
+    """test_rl_trainer's small run at the recipe's learning rate, without validation."""
+    return rl_trainer_config(task, "actor.lr=3e-4", "trainer.test_freq=0", *extra)
 
 
 def test_three_lora_steps_from_a_recipe(task, tmp_path):
