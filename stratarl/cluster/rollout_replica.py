@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from stratarl.cluster.policy_worker import load_causal_lm
 from stratarl.cluster.queue_rows import KEY, QueueRows
 from stratarl.cluster.queue_shard import generate_into_queue, widen_integers
 from stratarl.cluster.ranks import ControllerTraffic, WorkerError, error_summary, wire_bytes
+from stratarl.observe.stack_dumps import ArmedProcess, arm_stack_dumps, dump_armed
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
 from stratarl.rollout.router import Replica, RolloutRouter
@@ -51,6 +53,7 @@ class RolloutReplica:
     ):
         transformers.logging.disable_progress_bar()  # no per-process load bars in the driver log
         torch.set_num_threads(threads)
+        self.replica_id = replica_id
         model = load_causal_lm(model_path, dtype).eval().requires_grad_(False)
         self.engine = TorchRolloutEngine(
             model,
@@ -70,6 +73,10 @@ class RolloutReplica:
 
     def served_version(self) -> int:
         return self.engine.weight_version
+
+    def arm_stack_dumps(self, folder: str, role: str) -> dict[str, object]:
+        """faulthandler on SIGUSR1 from now on: this replica's stacks into `folder` (`stack_dumps`)."""
+        return arm_stack_dumps(folder, role, self.replica_id)
 
     def check_weights(self, shapes: Mapping[str, Tensor]) -> None:
         self.engine.check_weights(shapes)
@@ -150,6 +157,7 @@ class RolloutReplicas:
     def __init__(self, replicas: Sequence[Replica], *, pad_token_id: int):
         self.targets = list(replicas)
         self.router = RolloutRouter(self.targets)
+        self.armed: list[ArmedProcess] = []  # replicas whose stacks can be dumped (arm_stack_dumps)
         self.pad_token_id = pad_token_id
 
     @property
@@ -185,6 +193,21 @@ class RolloutReplicas:
         rows.remember(keys, out)
         return out.union(DataProto.from_dict(non_tensors={KEY: np.array(keys, dtype=object)}))
 
+    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
+        """Every replica that is a process of its own dumps its stacks on request from now on."""
+        remote = [r for r in self.targets if isinstance(r, RemoteReplica)]
+        armed = ray.get(
+            [r.actor.arm_stack_dumps.remote(str(Path(folder) / "ranks"), "rollout") for r in remote]
+        )
+        self.armed = [
+            ArmedProcess("rollout", r.replica_id, int(a["pid"]), str(a["path"]))
+            for r, a in zip(remote, armed, strict=True)
+        ]
+        return [f"{p.name}: pid {p.pid}" for p in self.armed]
+
+    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        return dump_armed(self.armed, folder, header)
+
     def take_traffic(self) -> dict[str, float]:
         """Bytes sent to and received from remote replicas since the last call (0 for in-process ones)."""
         parts = [r.traffic.take() for r in self.targets if isinstance(r, RemoteReplica)]
@@ -217,4 +240,5 @@ def results_proto(
     """Results in the batch-edge layout, as `PolicyWorker.generate` returns them."""
     columns = results_to_batch(results, pad_token_id=pad_token_id, max_response_len=max_response_len)
     tensors = {k: v for k, v in columns.items() if isinstance(v, torch.Tensor)}
-    return DataProto.from_dict(tensors, {"finish_reason": np.array(columns["finish_reason"], dtype=object)})
+    provenance = {name: np.array(columns[name], dtype=object) for name in ("finish_reason", "replica_id")}
+    return DataProto.from_dict(tensors, provenance)

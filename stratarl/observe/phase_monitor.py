@@ -1,0 +1,42 @@
+"""Cross-cutting: what the trainer wraps each phase in — its wall time (`timing_s/<phase>`), the
+memory peak it may set (`memory/*`), and its deadline (the watchdog, when one runs).
+
+    with monitor.phase("gen", timings, step=step, rows=len(batch)):
+        batch = phases.generate(...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from stratarl.observe.memory import PeakTracker
+from stratarl.observe.timing import timed
+from stratarl.observe.watchdog import Watchdog
+
+
+class PhaseMonitor:
+    def __init__(self, watchdog: Watchdog | None = None):
+        self.watchdog = watchdog
+        self.memory = PeakTracker()
+
+    @contextmanager
+    def phase(
+        self,
+        name: str,
+        timings: dict[str, float] | None = None,
+        *,
+        step: int | None = None,
+        rows: int | None = None,
+        role: str = "controller",
+    ) -> Iterator[None]:
+        """Time the block into timings[name] (when given), record the memory peak it sets, and hold
+        it to the phase's deadline."""
+        before = self.memory.marks()
+        with ExitStack() as stack:
+            if self.watchdog is not None:
+                stack.enter_context(self.watchdog.phase(name, step=step, role=role, rows=rows))
+            if timings is not None:
+                stack.enter_context(timed(name, timings))
+            yield
+        self.memory.after(name, before)
