@@ -65,7 +65,7 @@ class RankProcess:
     def leave(self) -> None:
         leave_process_group()
 
-    def arm_stack_dumps(self, folder: str, role: str) -> dict[str, object]:
+    def register_stack_dump(self, folder: str, role: str) -> dict[str, object]:
         """faulthandler on SIGUSR1 from now on: this rank's stacks into `folder` (`stack_dumps`)."""
         return arm_stack_dumps(folder, role, self.rank)
 

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 from ray import cloudpickle
 
-from stratarl.observe.stack_dumps import ArmedProcess, dump_armed
+from stratarl.observe.stack_dumps import BUSY, ArmedProcess, dump_armed
 from stratarl.transport.data_proto import DataProto
 
 Call = tuple[tuple, dict]  # (args, kwargs) for one rank
@@ -135,12 +135,7 @@ class RayRanks:
             )
         self.traffic.sent += sum(wire_bytes(call) for call in per_rank)
         for rank, (args, _) in enumerate(per_rank):
-            self.last_calls[rank] = {
-                "phase": phase,
-                "method": method,
-                "rows": _rows_in(args),
-                "at": time.time(),
-            }
+            record_call(self.last_calls, rank, phase, method, args)
         refs = [
             getattr(actor, method).remote(*args, **kwargs)
             for actor, (args, kwargs) in zip(self.actors, per_rank, strict=True)
@@ -177,10 +172,7 @@ class RayRanks:
             if not ready:
                 continue
             rank = pending.pop(ready[0])
-            if rank in self.last_calls:
-                self.last_calls[rank]["answered_after_s"] = round(
-                    time.time() - self.last_calls[rank]["at"], 3
-                )
+            record_answer(self.last_calls, rank)
             try:
                 results[rank] = ray.get(ready[0])
             except ray.exceptions.RayActorError as error:
@@ -204,7 +196,7 @@ class RayRanks:
         """Every rank registers faulthandler on SIGUSR1, writing to folder/ranks/ (`stack_dumps`); a
         hang then leaves every rank's stacks. Returns a line per rank."""
         self.hang_dir = Path(folder)
-        armed = self.call_all("watchdog", "arm_stack_dumps", str(self.hang_dir / "ranks"), self.role)
+        armed = self.call_all("watchdog", "register_stack_dump", str(self.hang_dir / "ranks"), self.role)
         self.armed = [
             ArmedProcess(self.role, rank, int(a["pid"]), str(a["path"])) for rank, a in enumerate(armed)
         ]
@@ -212,8 +204,7 @@ class RayRanks:
 
     def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
         """Every armed rank's stacks into `folder`, each line with the last call the rank received."""
-        notes = {rank: _describe_call(call) for rank, call in self.last_calls.items()}
-        return dump_armed(self.armed, folder, header, notes)
+        return dump_armed(self.armed, folder, header, describe_calls(self.last_calls))
 
     def record_failure(self, error: WorkerError, *, dump: bool) -> Path | None:
         """A failed phase's report (and, for hung ranks, their stacks) under the hang folder, for
@@ -256,6 +247,24 @@ def _pid(worker: Any) -> int:
     return os.getpid()
 
 
+def record_call(
+    calls: dict[int, dict[str, Any]] | None, rank: int, phase: str, method: str, args: Sequence[Any]
+) -> None:
+    """Remember the call rank `rank` received last (what a hang report shows for it); None: no record."""
+    if calls is None:
+        return
+    calls[rank] = {"phase": phase, "method": method, "rows": _rows_in(args), "at": time.time()}
+
+
+def record_answer(calls: dict[int, dict[str, Any]] | None, rank: int) -> None:
+    if calls is not None and rank in calls and "answered_after_s" not in calls[rank]:
+        calls[rank]["answered_after_s"] = round(time.time() - calls[rank]["at"], 3)
+
+
+def describe_calls(calls: dict[int, dict[str, Any]]) -> dict[int, str]:
+    return {rank: _describe_call(call) for rank, call in calls.items()}
+
+
 def _rows_in(args: Sequence[Any]) -> int | None:
     """Rows of the first batch (a DataProto, or a TransferQueue shard reference) among a call's args."""
     for arg in args:
@@ -270,7 +279,5 @@ def _rows_in(args: Sequence[Any]) -> int | None:
 def _describe_call(call: Mapping[str, Any]) -> str:
     rows = f", {call['rows']} rows" if call.get("rows") is not None else ""
     age = time.time() - call["at"]
-    state = (
-        f"answered after {call['answered_after_s']:g} s" if "answered_after_s" in call else "no answer yet"
-    )
+    state = f"answered after {call['answered_after_s']:g} s" if "answered_after_s" in call else BUSY
     return f"last call {call['method']} in phase {call['phase']!r}{rows}, {age:.1f} s ago, {state}"

@@ -24,7 +24,15 @@ from torch import Tensor
 from stratarl.cluster.policy_worker import load_causal_lm
 from stratarl.cluster.queue_rows import KEY, QueueRows
 from stratarl.cluster.queue_shard import generate_into_queue, widen_integers
-from stratarl.cluster.ranks import ControllerTraffic, WorkerError, error_summary, wire_bytes
+from stratarl.cluster.ranks import (
+    ControllerTraffic,
+    WorkerError,
+    describe_calls,
+    error_summary,
+    record_answer,
+    record_call,
+    wire_bytes,
+)
 from stratarl.observe.stack_dumps import ArmedProcess, arm_stack_dumps, dump_armed
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
@@ -74,7 +82,7 @@ class RolloutReplica:
     def served_version(self) -> int:
         return self.engine.weight_version
 
-    def arm_stack_dumps(self, folder: str, role: str) -> dict[str, object]:
+    def register_stack_dump(self, folder: str, role: str) -> dict[str, object]:
         """faulthandler on SIGUSR1 from now on: this replica's stacks into `folder` (`stack_dumps`)."""
         return arm_stack_dumps(folder, role, self.replica_id)
 
@@ -95,9 +103,11 @@ class RemoteReplica:
     """An actor that serves generation (a `RolloutReplica`, or a colocated `PolicyRank`) behind the
     methods of an engine (`Replica`, `WeightSyncTarget`)."""
 
-    def __init__(self, actor: Any, replica_id: int, *, timeout_s: float):
+    def __init__(self, actor: Any, replica_id: int, *, timeout_s: float, calls: dict | None = None):
         self.actor, self.replica_id, self.timeout_s = actor, replica_id, timeout_s
         self.traffic = ControllerTraffic()  # what passed through the process holding this handle
+        # The last call of each process (shared with its ranks' `RayRanks.last_calls` when colocated).
+        self.calls: dict[int, dict[str, Any]] | None = calls  # None: set by `RolloutReplicas`
 
     def _get(self, phase: str, ref: ray.ObjectRef) -> Any:
         try:
@@ -114,7 +124,9 @@ class RemoteReplica:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         self.traffic.sent += wire_bytes(list(requests))
+        record_call(self.calls, self.replica_id, "rollout.generate", "generate_requests", [list(requests)])
         results = self._get("rollout.generate", self.actor.generate_requests.remote(list(requests)))
+        record_answer(self.calls, self.replica_id)
         self.traffic.received += wire_bytes(results)
         return results
 
@@ -125,7 +137,9 @@ class RemoteReplica:
         only the controller's columns come back (`queue_shard.generate_into_queue`)."""
         call = (list(requests), queue, meta, layout)
         self.traffic.sent += wire_bytes(call)
+        record_call(self.calls, self.replica_id, "rollout.generate", "generate_into_queue", [list(requests)])
         out = self._get("rollout.generate", self.actor.generate_into_queue.remote(*call[:3], **layout))
+        record_answer(self.calls, self.replica_id)
         self.traffic.received += wire_bytes(out)
         return out
 
@@ -158,6 +172,10 @@ class RolloutReplicas:
         self.targets = list(replicas)
         self.router = RolloutRouter(self.targets)
         self.armed: list[ArmedProcess] = []  # replicas whose stacks can be dumped (arm_stack_dumps)
+        self.last_calls: dict[int, dict[str, Any]] = {}  # replica id -> its last call (split plan)
+        for replica in self.targets:
+            if isinstance(replica, RemoteReplica) and replica.calls is None:
+                replica.calls = self.last_calls
         self.pad_token_id = pad_token_id
 
     @property
@@ -197,7 +215,7 @@ class RolloutReplicas:
         """Every replica that is a process of its own dumps its stacks on request from now on."""
         remote = [r for r in self.targets if isinstance(r, RemoteReplica)]
         armed = ray.get(
-            [r.actor.arm_stack_dumps.remote(str(Path(folder) / "ranks"), "rollout") for r in remote]
+            [r.actor.register_stack_dump.remote(str(Path(folder) / "ranks"), "rollout") for r in remote]
         )
         self.armed = [
             ArmedProcess("rollout", r.replica_id, int(a["pid"]), str(a["path"]))
@@ -206,7 +224,7 @@ class RolloutReplicas:
         return [f"{p.name}: pid {p.pid}" for p in self.armed]
 
     def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
-        return dump_armed(self.armed, folder, header)
+        return dump_armed(self.armed, folder, header, describe_calls(self.last_calls))
 
     def take_traffic(self) -> dict[str, float]:
         """Bytes sent to and received from remote replicas since the last call (0 for in-process ones)."""

@@ -51,12 +51,12 @@ def diagnose(view: RunView) -> list[Finding]:
 def run_status(view: RunView) -> str:
     steps = [int(r["step"]) for r in view.train]
     total = view.setting("trainer.total_steps")
-    done = f"steps {min(steps)}..{max(steps)}" if steps else "no training step yet"
     of = f" of {total}" if total else ""
+    done = f"steps {min(steps)}..{max(steps)}" if steps else "no training step logged yet"
     live = view.modified_s_ago is not None and view.modified_s_ago < LIVE_WITHIN_S
     finished = (view.run_dir / "final").is_dir()
     state = "finished" if finished else "live (written to in the last 2 minutes)" if live else "not finished"
-    return f"{done}{of}, {state}"
+    return f"{done}{of if steps else f' (total {total})' if total else ''}, {state}"
 
 
 STYLES = {"problem": "bold red", "warning": "yellow", "info": "cyan"}

@@ -28,14 +28,13 @@ LAYER_BY_PHASE = {"update_weights": "weight sync", "weight_sync": "weight sync"}
 
 
 def stuck_frames(stack_file: Path) -> list[str]:
-    """The innermost frames of the main thread in a faulthandler dump (the block whose outermost
-    frame is a module: the thread that ran the program); empty when the file has none."""
+    """The innermost frames of the main thread in a faulthandler dump — the one thread that threading
+    did not start (every other thread's outermost frame is threading's _bootstrap); [] if none."""
     text = stack_file.read_text(encoding="utf-8", errors="replace")
     blocks = re.split(r"\n(?=(?:Current )?[Tt]hread 0x)", text)
     frames = [[m.group(0) for m in _FRAME.finditer(block)] for block in blocks]
-    main = [f for f in frames if f and f[-1].endswith("in <module>")]
-    chosen = main[-1] if main else next((f for f in reversed(frames) if f), [])
-    return chosen[:4]
+    main = [f for f in frames if f and not any("in _bootstrap" in frame for frame in f)]
+    return main[-1][:4] if main else []
 
 
 def _hang_layer(report: dict[str, Any], frames: list[str]) -> str:

@@ -7,7 +7,7 @@ memory peak it may set (`memory/*`), and its deadline (the watchdog, when one ru
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
 from stratarl.observe.memory import PeakTracker
@@ -16,8 +16,11 @@ from stratarl.observe.watchdog import Watchdog
 
 
 class PhaseMonitor:
-    def __init__(self, watchdog: Watchdog | None = None):
+    """roles: phase -> the role that runs it (named when its deadline passes; default controller)."""
+
+    def __init__(self, watchdog: Watchdog | None = None, roles: Mapping[str, str] | None = None):
         self.watchdog = watchdog
+        self.roles = dict(roles or {})
         self.memory = PeakTracker()
 
     @contextmanager
@@ -28,13 +31,13 @@ class PhaseMonitor:
         *,
         step: int | None = None,
         rows: int | None = None,
-        role: str = "controller",
     ) -> Iterator[None]:
         """Time the block into timings[name] (when given), record the memory peak it sets, and hold
         it to the phase's deadline."""
         before = self.memory.marks()
         with ExitStack() as stack:
             if self.watchdog is not None:
+                role = self.roles.get(name, "controller")
                 stack.enter_context(self.watchdog.phase(name, step=step, role=role, rows=rows))
             if timings is not None:
                 stack.enter_context(timed(name, timings))

@@ -22,7 +22,9 @@ RL_SUBDIRS = ("grpo",)  # where the quickstart puts its RL run
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "metrics.jsonl").is_file() or (path / TRACE_DIR).is_dir()
+    """A directory a trainer wrote: its config, metrics, traces or hang reports."""
+    markers = ("config.yaml", "metrics.jsonl", TRACE_DIR, HANG_DIR)
+    return any((path / marker).exists() for marker in markers)
 
 
 def resolve_run_dir(path: str | Path) -> Path:
@@ -35,7 +37,7 @@ def resolve_run_dir(path: str | Path) -> Path:
         if is_run_dir(path / sub):
             return path / sub
     raise FileNotFoundError(
-        f"{path} is not a run directory: no metrics.jsonl or {TRACE_DIR}/ in it"
+        f"{path} is not a run directory: no config.yaml, metrics.jsonl, {TRACE_DIR}/ or {HANG_DIR}/ in it"
         + (
             f" (nor in {', '.join(str(path / s) for s in RL_SUBDIRS)})"
             if path.is_dir()

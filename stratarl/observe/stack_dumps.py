@@ -23,6 +23,7 @@ from typing import IO
 
 DUMP_SIGNAL = signal.SIGUSR1
 HANG_DIR = "hang"
+BUSY = "no answer yet"  # in a process's dump line: its last call had not returned (it is what hangs)
 _ARMED: dict[int, IO[str]] = {}  # signal -> the open file faulthandler writes to (kept open)
 
 

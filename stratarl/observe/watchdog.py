@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stratarl.observe.stack_dumps import HANG_DIR, dump_this_process
+from stratarl.observe.stack_dumps import BUSY, HANG_DIR, dump_this_process
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
 HARD_EXIT_CODE = 70  # EX_SOFTWARE
@@ -172,34 +172,36 @@ class Watchdog:
                 return
 
     def _fire(self, phase: ActivePhase, stack: list[dict[str, Any]]) -> None:
-        folder = (
-            self.run_dir
-            / HANG_DIR
-            / f"step{phase.step if phase.step is not None else '-'}-{phase.name}-{int(time.time())}"
-        )
-        inner = stack[-1] if stack else phase.describe(time.monotonic())
-        message = (
-            f"watchdog: phase {phase.name!r} (step {phase.step}, role {phase.role}) passed its deadline of "
-            f"{phase.deadline_s:g} s ({phase.why}); the run was in phase {inner['phase']!r} "
-            f"(role {inner['role']}). Stacks of every process: {folder}"
-        )
+        step = phase.step if phase.step is not None else "-"
+        folder = self.run_dir / HANG_DIR / f"step{step}-{phase.name}-{int(time.time())}"
         header = f"watchdog: phase {phase.name!r} past its {phase.deadline_s:g} s deadline"
+        controller = folder / f"stacks-controller-pid{os.getpid()}.txt"
+        dump_this_process(controller, header)
+        processes = [f"controller pid {os.getpid()}: {controller}"]
+        for name, dumper in self.dumpers:
+            try:
+                processes += dumper(folder, header)
+            except Exception as error:  # a broken dumper must not keep the run from stopping
+                processes.append(f"{name}: dump failed: {type(error).__name__}: {error}")
+        busy = [line.split(" (", 1)[0] for line in processes if BUSY in line]
+        inner = stack[-1] if stack else phase.describe(time.monotonic())
+        waiting = (
+            f"waiting on {', '.join(busy)} ({BUSY})"
+            if busy
+            else f"the controller (pid {os.getpid()}) was in phase {inner['phase']!r}"
+        )
+        message = (
+            f"watchdog: phase {phase.name!r} (role {phase.role}, step {phase.step}) passed its deadline of "
+            f"{phase.deadline_s:g} s ({phase.why}); {waiting}. Stacks of every process: {folder}"
+        )
         report: dict[str, Any] = {
             "message": message,
             "expired": phase.describe(time.monotonic()),
             "active_phases": stack,
             "controller_pid": os.getpid(),
-            "processes": [],
+            "busy": busy,
+            "processes": processes,
         }
-        dump_this_process(folder / f"stacks-controller-pid{os.getpid()}.txt", header)
-        report["processes"].append(
-            f"controller pid {os.getpid()}: {folder}/stacks-controller-pid{os.getpid()}.txt"
-        )
-        for name, dumper in self.dumpers:
-            try:
-                report["processes"] += [f"{name}: {line}" for line in dumper(folder, header)]
-            except Exception as error:  # a broken dumper must not keep the run from stopping
-                report["processes"].append(f"{name}: dump failed: {type(error).__name__}: {error}")
         (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         self.fired = report
         print(message, file=sys.stderr, flush=True)

@@ -115,7 +115,7 @@ class RLTrainer:
         self.plan = BatchPlan.from_config(cfg)
         self.tracer = StepTracer(cfg, self.tokenizer, self.run_dir)
         self.watchdog = run_watch.build_watchdog(cfg, self.run_dir)  # None: watchdog.enable=false
-        self.monitor = PhaseMonitor(self.watchdog)
+        self.monitor = PhaseMonitor(self.watchdog, roles=run_watch.PHASE_ROLES)
         # Last, so that nothing after them can fail and leave worker processes behind: the policy,
         # and for PPO the critic (the actor waits critic.warmup_training_steps steps).
         self.worker, self.critic = builders.build_workers(cfg, self.tokenizer, total_steps=self.total_steps)
@@ -241,7 +241,7 @@ class RLTrainer:
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timings, phase = self.cfg, {}, self.monitor.phase
         self.tracer.begin(step)
-        with phase("step", timings, step=step):
+        with self.tracer.written_on_failure(), phase("step", timings, step=step):
             batch, collect_metrics = self._collect(step, timings)
             batch, prepare_metrics = self._prepare(batch, timings, step)
             self.tracer.after_advantage(batch)

@@ -14,6 +14,21 @@ from stratarl.config import RunConfig
 from stratarl.observe.stack_dumps import HANG_DIR
 from stratarl.observe.watchdog import Watchdog, deadline_policy
 
+# The role that runs each watched phase (what a passed deadline names beside the phase).
+PHASE_ROLES = {
+    "gen": "rollout",
+    "gen_max": "rollout",
+    "reward": "reward",
+    "old_log_prob": "actor",
+    "ref": "reference",
+    "values": "critic",
+    "update_critic": "critic",
+    "update_actor": "actor",
+    "update_weights": "actor → rollout (weight sync)",
+    "val": "rollout + reward (validation)",
+    "save": "actor (checkpoint)",
+}
+
 
 def build_watchdog(cfg: RunConfig, run_dir: str | Path) -> Watchdog | None:
     """The watchdog of `cfg.watchdog`, or None when watchdog.enable is false."""

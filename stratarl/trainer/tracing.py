@@ -14,7 +14,8 @@ With trace.enable=false every call returns at once and the batch is never touche
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,16 @@ class StepTracer:
         trained_ids, columns = fields.update_fields(ids, row_stats, self.clip_bounds)
         self.current.add(trained_ids, columns)
         self.current.add(ids, fields.closure_fields(batch, trained_version))
+
+    @contextmanager
+    def written_on_failure(self) -> Iterator[None]:
+        """When the step fails (an error, a watchdog timeout), its trace so far is still written: the
+        trajectories that were in flight when it hung."""
+        try:
+            yield
+        except BaseException:
+            self.end()
+            raise
 
     def end(self) -> Path | None:
         """Write the step's trace; the path, or None when nothing was traced."""
