@@ -44,7 +44,7 @@ def trace_command(
                 rows_per_step=n or None,
                 response_tokens=config_value(config, "rollout.max_response_tokens"),
             )
-            console.print(report, highlight=False, markup=False)
+            print(report)  # plain text: no wrapping at the terminal width
             return 0
         files = step_files(run_dir)
         if not files:
