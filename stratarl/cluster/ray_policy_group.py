@@ -75,7 +75,13 @@ class RayPolicyGroup(PolicyWorkerGroup):
         ranks = self._start_ranks(with_rollout=colocated, backend=backend)
         if colocated:
             engines = [  # their generate calls are the ranks' calls too (hang reports)
-                RemoteReplica(actor, r, timeout_s=call_timeout_s, calls=ranks.last_calls)
+                RemoteReplica(
+                    actor,
+                    r,
+                    timeout_s=call_timeout_s,
+                    calls=ranks.last_calls,
+                    on_failure=ranks.record_failure,
+                )
                 for r, actor in enumerate(ranks.actors)
             ]
         else:

@@ -11,7 +11,7 @@ remote call waits at most `timeout_s`; a replica that dies or hangs raises `Work
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,20 +103,33 @@ class RemoteReplica:
     """An actor that serves generation (a `RolloutReplica`, or a colocated `PolicyRank`) behind the
     methods of an engine (`Replica`, `WeightSyncTarget`)."""
 
-    def __init__(self, actor: Any, replica_id: int, *, timeout_s: float, calls: dict | None = None):
+    def __init__(
+        self,
+        actor: Any,
+        replica_id: int,
+        *,
+        timeout_s: float,
+        calls: dict | None = None,
+        on_failure: Callable[..., Any] | None = None,
+    ):
         self.actor, self.replica_id, self.timeout_s = actor, replica_id, timeout_s
+        self.on_failure = on_failure  # (WorkerError, dump=bool): e.g. the colocated ranks' report
         self.traffic = ControllerTraffic()  # what passed through the process holding this handle
         # The last call of each process (shared with its ranks' `RayRanks.last_calls` when colocated).
         self.calls: dict[int, dict[str, Any]] | None = calls  # None: set by `RolloutReplicas`
 
     def _get(self, phase: str, ref: ray.ObjectRef) -> Any:
+        hung = False
         try:
             return ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            why = f"did not answer within {self.timeout_s:g} s (hung or still busy)"
+            why, hung = f"did not answer within {self.timeout_s:g} s (hung or still busy)", True
         except ray.exceptions.RayActorError as error:
             why = f"died ({error_summary(error)})"
-        raise WorkerError("rollout", phase, {self.replica_id: why})
+        error = WorkerError("rollout", phase, {self.replica_id: why})
+        if self.on_failure is not None:  # a hang report (with the processes' stacks when it hung)
+            self.on_failure(error, dump=hung)
+        raise error
 
     @property
     def weight_version(self) -> int:

@@ -273,7 +273,8 @@ def check_entropy(view: RunView, earlier: list[Finding]) -> list[Finding]:
     if len(entropy) < 3:
         return []
     first, last = entropy[0][1], _mean(_late(entropy)[-3:])
-    if last >= ENTROPY_FLOOR and (first <= 0 or last >= ENTROPY_DROP * first):
+    fell_below_floor = last < ENTROPY_FLOOR <= first / 2  # a policy that starts near greedy did not fall
+    if not fell_below_floor and (first <= 0 or last >= ENTROPY_DROP * first):
         return []
     return [
         Finding(

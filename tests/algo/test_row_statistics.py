@@ -36,7 +36,10 @@ def test_matches_a_plain_loop_and_pad_rows_are_nan():
             assert stats["tokens"][i] == 0 and math.isnan(stats["ratio_mean"][i])
             continue
         ratios = [math.exp(new[i, j] - old[i, j]) for j in idx]
-        clipped = [(adv[i, j] > 0 and r > 1.2) or (adv[i, j] < 0 and r < 0.8) for j, r in zip(idx, ratios, strict=True)]
+        clipped = [
+            (adv[i, j] > 0 and r > 1.2) or (adv[i, j] < 0 and r < 0.8)
+            for j, r in zip(idx, ratios, strict=True)
+        ]
         assert abs(stats["ratio_mean"][i] - sum(ratios) / len(idx)) < 1e-5
         assert abs(stats["log_ratio_mean"][i] - sum(new[i, j] - old[i, j] for j in idx) / len(idx)) < 1e-5
         assert abs(stats["clipped_share"][i] - sum(clipped) / len(idx)) < 1e-6

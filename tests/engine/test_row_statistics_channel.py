@@ -35,7 +35,9 @@ def test_first_mini_batch_sees_the_old_policy_later_ones_a_moved_one():
         torch.testing.assert_close(stats["new_log_prob_mean"][i] - old_mean[row], stats["log_ratio_mean"][i])
         if row < 4:  # first mini-batch: forward before any optimizer step, π_θ = π_old
             torch.testing.assert_close(stats["ratio_mean"][i], torch.tensor(1.0), atol=1e-5, rtol=0)
-    later = [stats["ratio_max"][by_id[100 + row]] - stats["ratio_min"][by_id[100 + row]] for row in range(4, 8)]
+    later = [
+        stats["ratio_max"][by_id[100 + row]] - stats["ratio_min"][by_id[100 + row]] for row in range(4, 8)
+    ]
     assert max(later) > 1e-4, "the second mini-batch should see the policy moved by the first step"
 
 

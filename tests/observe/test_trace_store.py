@@ -37,7 +37,10 @@ def test_the_folder_stays_under_its_bound_and_a_resume_cuts_later_steps(tmp_path
     writer = TraceWriter(tmp_path, max_total_mb=0.01)  # ~10 KB: about four of these steps
     for step in range(1, 9):
         trace = StepTrace(step)
-        trace.add([f"{step}-{i}/0" for i in range(50)], {"response_ids": [list(range(i, i + 40)) for i in range(50)]})
+        trace.add(
+            [f"{step}-{i}/0" for i in range(50)],
+            {"response_ids": [list(range(i, i + 40)) for i in range(50)]},
+        )
         writer.write(trace)
     files = step_files(tmp_path)
     assert max(files) == 8 and min(files) > 1  # oldest deleted first, the newest kept

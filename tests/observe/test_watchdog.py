@@ -38,9 +38,10 @@ def test_a_sleeping_phase_is_interrupted_with_every_stack_dumped(tmp_path):
     dog.start()
     start = time.monotonic()
     try:
-        with pytest.raises(WatchdogTimeout, match=r"phase 'reward' \(role controller, step 3\)") as error:
-            with dog.phase("step", step=3), dog.phase("reward", step=3, rows=8):
-                sleeper()
+        expected = r"phase 'reward' \(role controller, step 3\)"
+        step, reward = dog.phase("step", step=3), dog.phase("reward", step=3, rows=8)
+        with pytest.raises(WatchdogTimeout, match=expected) as error, step, reward:
+            sleeper()
     finally:
         dog.stop()
     assert time.monotonic() - start < 10  # not the 30 s sleep

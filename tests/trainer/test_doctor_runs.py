@@ -17,6 +17,7 @@ from stratarl.observe.doctor import diagnose
 from stratarl.observe.doctor_view import load_run
 from stratarl.observe.plots import PLOTS
 from stratarl.observe.run_log import RunLog
+from stratarl.observe.trace_answers import QUESTIONS
 from stratarl.observe.trace_store import read_steps
 from stratarl.trainer import builders
 from stratarl.trainer.quickstart import RECIPE
@@ -24,6 +25,8 @@ from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.trainer.sft import run_sft, sft_worker
 
 ROOT = Path(__file__).resolve().parents[2]
+SLEEPY = "import time\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+SLEEPY += "    time.sleep(60)\n    return 0.0\n"
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +34,14 @@ def sft_task(task, tmp_path_factory):
     """The arithmetic task and its 1M model after 80 SFT steps: GRPO then sees groups whose rewards
     differ (a healthy run), as in the quickstart."""
     root = tmp_path_factory.mktemp("doctor")
-    cfg = load_config(RECIPE, overrides(task, "sft.lr=3e-3", "sft.lr_schedule=constant",
-                                        "sft.trajectories_per_step=32", "sft.trajectories_per_micro_batch=32"))  # fmt: skip
+    sft = ["sft.lr=3e-3", "sft.lr_schedule=constant", "sft.trajectories_per_step=32"]
+    cfg = load_config(RECIPE, overrides(task, *sft, "sft.trajectories_per_micro_batch=32"))
     tokenizer = builders.load_tokenizer(cfg)
     dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
     worker = sft_worker(cfg, tokenizer, total_steps=80)
-    run_sft(worker, dataset, tokenizer, examples_per_step=32, total_steps=80, seed=0, log=RunLog(root / "sft"))
+    run_sft(
+        worker, dataset, tokenizer, examples_per_step=32, total_steps=80, seed=0, log=RunLog(root / "sft")
+    )
     worker.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
     return {**task, "model": root / "model"}
@@ -85,7 +90,7 @@ def test_the_doctor_is_quiet_on_a_healthy_run_and_reports_where_time_goes(health
 
 
 def test_a_live_run_with_a_half_written_line_reads_the_same(healthy, tmp_path):
-    run_dir, findings = healthy
+    run_dir, _ = healthy
     live = tmp_path / "live"
     shutil.copytree(run_dir, live, ignore=shutil.ignore_patterns("final"))
     with (live / "metrics.jsonl").open("a") as f:
@@ -97,7 +102,9 @@ def test_a_live_run_with_a_half_written_line_reads_the_same(healthy, tmp_path):
 
 def test_a_reward_that_is_always_zero_is_a_data_problem(sft_task, tmp_path):
     scorer = tmp_path / "zero.py"
-    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    scorer.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
+    )
     findings = run(sft_task, tmp_path / "run", f"reward.custom_function_path={scorer}")
     (problem,) = [f for f in findings if f.key == "reward_constant"]
     assert problem.severity == "problem" and problem.layer == "data"
@@ -140,10 +147,21 @@ def test_trace_picks_trajectories_and_writes_a_page_and_plot_draws_the_run(healt
     run_dir, _ = healthy
     assert main(["trace", str(run_dir), "--step", "2", "--worst"]) == 0
     out = capsys.readouterr().out
-    for number, question in enumerate(["source", "prompt", "expansion", "generation", "interaction", "masks",
-                                       "reward", "advantage", "optimization", "loop closure"], start=1):  # fmt: skip
+    for number, question in enumerate(QUESTIONS, start=1):
         assert f"{number}. {question}" in out
-    assert main(["trace", str(run_dir), "--where", "reward == 1 and sample_index == 0", "--html", str(tmp_path / "t.html")]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                str(run_dir),
+                "--where",
+                "reward == 1 and sample_index == 0",
+                "--html",
+                str(tmp_path / "t.html"),
+            ]
+        )
+        == 0
+    )
     page = (tmp_path / "t.html").read_text()
     assert "10. loop closure" in page and "class='action" in page and "class='action reward'" in page
     assert "<script" not in page and "http" not in page  # self-contained
@@ -155,16 +173,25 @@ def test_trace_picks_trajectories_and_writes_a_page_and_plot_draws_the_run(healt
 
 def test_a_step_that_sleeps_past_its_deadline_stops_the_run_with_stack_dumps(sft_task, tmp_path):
     scorer = tmp_path / "sleepy.py"
-    scorer.write_text("import time\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    time.sleep(60)\n    return 0.0\n")  # fmt: skip
+    scorer.write_text(SLEEPY)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "stratarl", "train", str(ROOT / "recipes" / "grpo_arithmetic.yaml"),
-           *overrides(sft_task, f"reward.custom_function_path={scorer}", "watchdog.phase_timeouts_s={reward: 3}",
-                      f"trainer.run_dir={run_dir}")]  # fmt: skip
+    planted = [f"reward.custom_function_path={scorer}", "watchdog.phase_timeouts_s={reward: 3}"]
+    recipe = str(ROOT / "recipes" / "grpo_arithmetic.yaml")
+    cmd = [
+        sys.executable,
+        "-m",
+        "stratarl",
+        "train",
+        recipe,
+        *overrides(sft_task, *planted, f"trainer.run_dir={run_dir}"),
+    ]
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode != 0 and time.monotonic() - start < 120  # stopped, not 60 s per sample
-    assert "WatchdogTimeout: watchdog: phase 'reward' (role reward, step 1) passed its deadline of 3 s" in done.stderr
+    assert (
+        "WatchdogTimeout: watchdog: phase 'reward' (role reward, step 1) passed its deadline of 3 s"
+        in done.stderr
+    )
     (report_path,) = (run_dir / "hang").glob("*/report.json")
     report = json.loads(report_path.read_text())
     stacks = next(report_path.parent.glob("stacks-controller-*.txt")).read_text()
