@@ -46,19 +46,21 @@ def arm_stack_dumps(folder: str | Path, role: str, rank: int) -> dict[str, objec
     return {"pid": os.getpid(), "path": str(path)}
 
 
-def trigger_stack_dump(pid: int, path: str | Path, header: str) -> str:
+def trigger_stack_dump(pid: int, path: str | Path, header: str) -> tuple[str, int | None]:
     """Ask process `pid` (armed with `arm_stack_dumps`) to append its stacks to `path` under a
-    header line; returns what happened, for the hang report."""
+    header line. Returns what happened (for the hang report) and the file's size after the header
+    (None when the process could not be signalled): the dump is what is written past it."""
     path = Path(path)
     try:
         with path.open("a", encoding="utf-8") as f:
             f.write(f"\n===== {header} ({time.strftime('%Y-%m-%d %H:%M:%S')}) =====\n")
+        size = path.stat().st_size
         os.kill(pid, DUMP_SIGNAL)
     except ProcessLookupError:
-        return f"pid {pid}: no such process on this node (it died, or runs on another node)"
+        return f"pid {pid}: no such process on this node (it died, or runs on another node)", None
     except OSError as error:
-        return f"pid {pid}: could not signal ({error})"
-    return f"pid {pid}: stacks appended to {path}"
+        return f"pid {pid}: could not signal ({error})", None
+    return f"pid {pid}: stacks appended to {path}", size
 
 
 def wait_for_dump(path: str | Path, size_before: int, timeout_s: float = 3.0) -> bool:
@@ -122,15 +124,20 @@ def dump_armed(
     controller last asked of that rank) is added to its line."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sizes = {p.pid: Path(p.path).stat().st_size if Path(p.path).exists() else 0 for p in processes}
-    lines = {p.pid: trigger_stack_dump(p.pid, p.path, header) for p in processes}
+    triggered = {p.pid: trigger_stack_dump(p.pid, p.path, header) for p in processes}  # all at once
+    lines = {pid: line for pid, (line, _) in triggered.items()}
     for p in processes:
+        size = triggered[p.pid][1]
+        if size is None:
+            continue
         target = folder / stack_file_name(p.role, p.rank, p.pid)
-        if wait_for_dump(p.path, sizes[p.pid]):
+        if wait_for_dump(p.path, size):
             with Path(p.path).open("rb") as f:
-                f.seek(sizes[p.pid])
-                target.write_bytes(f.read())
+                f.seek(size)
+                target.write_bytes(f"===== {header} =====\n".encode() + f.read())
             lines[p.pid] = f"pid {p.pid}: stacks in {target}"
+        else:
+            lines[p.pid] = f"pid {p.pid}: signalled, but wrote no stacks within 3 s"
         spy = py_spy_dump(p.pid, folder / f"py-spy-{p.role}-rank{p.rank}-pid{p.pid}.txt")
         if spy is not None:
             lines[p.pid] += f"; {spy}"
