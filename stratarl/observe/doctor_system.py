@@ -18,11 +18,33 @@ IDLE_WARNING = 0.3  # share of a step outside every timed phase
 GIB = 2**30
 
 
+def _error_finding(report: dict[str, Any], reports: list[dict[str, Any]]) -> list[Finding]:
+    """A run that stopped with an exception; nothing when a worker group's report already explains it."""
+    if report["exception"] == "WorkerError" and any("reasons" in r for r in reports):
+        return []
+    frames = report.get("frames", [])
+    layer = _hang_layer({"phase": str(report.get("phase") or "").split(" ")[0]}, frames)
+    where = f" in phase {report['phase']}" if report.get("phase") else ""
+    return [
+        Finding(
+            "problem",
+            layer,
+            f"the run stopped with {report['exception']}{where}",
+            [str(report["message"])[:300], *[f"at {frame}" for frame in frames[:3]]],
+            "the innermost frames say which layer raised; fix it and run the same command again "
+            "(with trainer.save_freq set it resumes from the last checkpoint)",
+            key="error",
+        )
+    ]
+
+
 # --- hangs and dead workers -------------------------------------------------------------------------
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 LAYER_BY_FRAME = (  # (pattern in a stack, layer): the first that matches the stuck frames wins
     (re.compile(r"torch/distributed|process_group|all_reduce|broadcast|all_gather|fsdp"), "parallelism"),
     (re.compile(r"weight_sync|push_weights|load_weights|sync_weights|receive_weights"), "weight sync"),
+    (re.compile(r"stratarl/algo/|actor_loss\.py|critic_loss\.py"), "algorithm"),
+    (re.compile(r"stratarl/data/|prompt_dataset|collate"), "data"),
 )
 LAYER_BY_PHASE = {"update_weights": "weight sync", "weight_sync": "weight sync"}
 
@@ -49,6 +71,9 @@ def _hang_layer(report: dict[str, Any], frames: list[str]) -> str:
 def check_hangs(view: RunView, earlier: list[Finding]) -> list[Finding]:
     findings = []
     for report in view.hangs:
+        if "exception" in report:
+            findings += _error_finding(report, view.hangs)
+            continue
         folder = Path(report["folder"])
         stacks = sorted(folder.glob("stacks-*.txt"))
         ranks = [p for p in stacks if "controller" not in p.name]
@@ -299,8 +324,8 @@ def check_progress(view: RunView, earlier: list[Finding]) -> list[Finding]:
     live = view.modified_s_ago is not None and view.modified_s_ago < LIVE_WITHIN_S
     if not steps or not total or max(steps) >= total or live or (view.run_dir / "final").is_dir():
         return []
-    if any(f.key == "hang" for f in earlier):
-        return []  # the hang report says why
+    if any(f.key in ("hang", "error") for f in earlier):
+        return []  # the hang or error report says why
     return [
         Finding(
             "warning",

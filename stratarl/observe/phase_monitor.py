@@ -22,6 +22,7 @@ class PhaseMonitor:
         self.watchdog = watchdog
         self.roles = dict(roles or {})
         self.memory = PeakTracker()
+        self.failed_in: str | None = None  # the innermost phase an error passed through
 
     @contextmanager
     def phase(
@@ -35,11 +36,16 @@ class PhaseMonitor:
         """Time the block into timings[name] (when given), record the memory peak it sets, and hold
         it to the phase's deadline."""
         before = self.memory.marks()
-        with ExitStack() as stack:
-            if self.watchdog is not None:
-                role = self.roles.get(name, "controller")
-                stack.enter_context(self.watchdog.phase(name, step=step, role=role, rows=rows))
-            if timings is not None:
-                stack.enter_context(timed(name, timings))
-            yield
+        try:
+            with ExitStack() as stack:
+                if self.watchdog is not None:
+                    role = self.roles.get(name, "controller")
+                    stack.enter_context(self.watchdog.phase(name, step=step, role=role, rows=rows))
+                if timings is not None:
+                    stack.enter_context(timed(name, timings))
+                yield
+        except BaseException:
+            if self.failed_in is None:  # the innermost phase: the first one the error leaves
+                self.failed_in = name if step is None else f"{name} (step {step})"
+            raise
         self.memory.after(name, before)

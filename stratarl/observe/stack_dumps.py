@@ -11,6 +11,7 @@ every thread, from outside the process).
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import shutil
 import signal
@@ -146,3 +147,21 @@ def dump_armed(
         f"{p.name} ({notes[p.rank]}): {lines[p.pid]}" if p.rank in notes else f"{p.name}: {lines[p.pid]}"
         for p in processes
     ]
+
+
+def write_error_report(run_dir: str | Path, error: BaseException, phase: str | None) -> Path:
+    """`<run>/hang/error-<time>/report.json` for a run that stopped with an exception: its type,
+    message, the phase it escaped from and its innermost frames (what `stratarl doctor` reads)."""
+    import traceback
+
+    folder = Path(run_dir) / HANG_DIR / f"error-{int(time.time())}"
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = traceback.extract_tb(error.__traceback__)
+    report = {
+        "message": f"{type(error).__name__}: {error}",
+        "exception": type(error).__name__,
+        "phase": phase,
+        "frames": [f'File "{f.filename}", line {f.lineno} in {f.name}' for f in reversed(frames)][:8],
+    }
+    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return folder

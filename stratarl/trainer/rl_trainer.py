@@ -36,6 +36,7 @@ from stratarl.observe.loggers import make_sinks
 from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.observe.plots import plot_learning_curves, plot_run
 from stratarl.observe.run_log import RunLog
+from stratarl.observe.stack_dumps import write_error_report
 from stratarl.observe.timing import timing_metrics
 from stratarl.trainer import agent_rollout, builders, checkpointing, phases, run_watch, sampling_phases
 from stratarl.trainer.agent_validation import run_agent_validation
@@ -145,7 +146,11 @@ class RLTrainer:
                 cleanup.callback(self.critic.shutdown)
             if self.agent is not None:
                 cleanup.callback(self.agent.close)
-            return self._fit()
+            try:
+                return self._fit()
+            except Exception as error:  # for `stratarl doctor` (a watchdog timeout wrote its own report)
+                write_error_report(self.run_dir, error, self.monitor.failed_in)
+                raise
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())

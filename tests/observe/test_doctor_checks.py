@@ -107,3 +107,17 @@ def test_weak_signal_and_non_finite_metrics(tmp_path):
     assert findings(run)["weak_signal"].severity == "warning"
     bad = write_run(tmp_path / "bad", change=lambda s: {"actor/grad_norm": "nan"} if s == 3 else {})
     assert findings(bad)["numerics"].severity == "problem"
+
+
+def test_a_run_that_stopped_with_an_exception_names_the_phase_and_the_layer(tmp_path):
+    run = write_run(tmp_path / "run", steps=3, finished=False)
+    folder = run / "hang" / "error-1"
+    folder.mkdir(parents=True)
+    frames = ['File "/x/stratarl/algo/advantages/gae.py", line 40 in gae_advantages',
+              'File "/x/stratarl/trainer/phases.py", line 160 in advantage']  # fmt: skip
+    report = {"message": "ValueError: values has shape [8, 5]", "exception": "ValueError",
+              "phase": "adv (step 4)", "frames": frames}  # fmt: skip
+    (folder / "report.json").write_text(json.dumps(report))
+    problem = findings(run)["error"]
+    assert problem.layer == "algorithm" and "ValueError in phase adv (step 4)" in problem.title
+    assert "progress" not in findings(run)  # the error says why it stopped
