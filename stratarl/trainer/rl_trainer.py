@@ -138,14 +138,15 @@ class RLTrainer:
             if self.watchdog is not None:  # stopped last: a cleanup that hangs still meets its grace
                 self.watchdog.start()
                 cleanup.callback(self.watchdog.stop)
-                workers = {"actor": self.worker, "critic": self.critic}
-                run_watch.watch_workers(self.watchdog, self.run_dir, workers)
             cleanup.callback(self.log.close)
             cleanup.callback(self.worker.shutdown)
             if self.critic is not None:  # before the policy's: that shutdown may end the Ray cluster
                 cleanup.callback(self.critic.shutdown)
             if self.agent is not None:
                 cleanup.callback(self.agent.close)
+            if self.watchdog is not None:  # every worker process can dump its stacks from now on
+                workers = {"actor": self.worker, "critic": self.critic}
+                run_watch.watch_workers(self.watchdog, self.run_dir, workers)
             try:
                 return self._fit()
             except Exception as error:  # for `stratarl doctor` (a watchdog timeout wrote its own report)
