@@ -71,6 +71,66 @@ def _explain_field(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace(args: argparse.Namespace) -> int:
+    from stratarl.observe.trace_command import trace_command
+
+    return trace_command(
+        args.run,
+        step=args.step,
+        uid=args.uid,
+        sample=args.sample,
+        worst=args.worst,
+        best=args.best,
+        where=args.where,
+        html=args.html,
+        field=args.field,
+    )
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from stratarl.observe.doctor import doctor_command
+
+    return doctor_command(args.run, as_json=args.json)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from stratarl.observe.plots import plot_run_dir
+
+    for path in plot_run_dir(args.run, args.out):
+        print(path)
+    return 0
+
+
+def _add_observe_commands(commands: argparse._SubParsersAction) -> None:
+    """`trace`, `doctor` and `plot`: read a run directory (finished or still running)."""
+    trace = commands.add_parser("trace", help="the ten questions answered for one trajectory of a run")
+    trace.add_argument("run", help="run directory (or a quickstart directory: its grpo/ run)")
+    trace.add_argument("--step", type=int, help="training step (default: the last traced step)")
+    pick = trace.add_mutually_exclusive_group()
+    pick.add_argument("--uid", help="the prompt group's uid (or a trajectory id uid/sample)")
+    pick.add_argument("--worst", action="store_true", help="the trajectory with the lowest reward")
+    pick.add_argument("--best", action="store_true", help="the trajectory with the highest reward")
+    trace.add_argument(
+        "--sample", type=int, help="with --uid: its sample index; alone: the step's i-th trajectory"
+    )
+    trace.add_argument("--where", help='the first trajectory for which this holds, e.g. "reward == 0"')
+    trace.add_argument("--html", metavar="PATH", help="write one self-contained HTML page instead")
+    trace.add_argument("--field", help="follow a batch field through the phases, e.g. old_log_probs")
+    trace.set_defaults(handler=_trace)
+
+    doctor = commands.add_parser("doctor", help="what is wrong with a run, and in which layer")
+    doctor.add_argument("run", help="run directory (or a quickstart directory: its grpo/ run)")
+    doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
+    doctor.set_defaults(handler=_doctor)
+
+    plot = commands.add_parser(
+        "plot", help="PNG curves of a run (reward, KL, entropy, lengths, times, staleness)"
+    )
+    plot.add_argument("run", help="run directory (or a quickstart directory: its grpo/ run)")
+    plot.add_argument("--out", help="folder for the PNGs (default: RUN/plots)")
+    plot.set_defaults(handler=_plot)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stratarl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain-field", help="print the contract of a standard batch field")
     explain.add_argument("name", help="field name, e.g. response_mask")
     explain.set_defaults(handler=_explain_field)
+    _add_observe_commands(commands)
     return parser
 
 

@@ -119,7 +119,9 @@ class ToolAgentSession:
         ids = list(result.response_ids)
         start, end = t.append(ids, sampled=True, log_probs=list(result.log_probs))
         text = self.renderer.assistant_text(ids)
-        turn = Turn("assistant", start, end, text, result.finish_reason, result.weight_version)
+        turn = Turn(
+            "assistant", start, end, text, result.finish_reason, result.weight_version, result.replica_id
+        )
         t.turns.append(turn)
         t.messages.append({"role": "assistant", "content": text})
         t.num_assistant_turns += 1

@@ -52,6 +52,7 @@ class Turn:
     text: str
     finish_reason: str | None = None  # assistant turns: the engine's "stop" / "length"
     weight_version: int | None = None  # assistant turns: the weights that sampled it
+    replica_id: int | None = None  # assistant turns: the rollout replica that sampled it
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
     score: float | None = None  # user turns: the interaction's turn score
@@ -139,6 +140,7 @@ class Trajectory:
                     "text": t.text,
                     "finish_reason": t.finish_reason,
                     "weight_version": t.weight_version,
+                    "replica_id": t.replica_id,
                     "parse_errors": list(t.parse_errors),
                     "score": t.score,
                     "tool_calls": [

@@ -98,6 +98,14 @@ class CriticWorkerGroup:
         (its TransferQueue reads and writes are the policy group's to count: one queue)."""
         return self.ranks.traffic.take()
 
+    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
+        """Have every process of the group dump its stacks on request from now on (`RayRanks`)."""
+        return self.ranks.arm_stack_dumps(folder)
+
+    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        """Every armed process's stacks into `folder`; a line per process for the hang report."""
+        return self.ranks.dump_stacks(folder, header)
+
     def shutdown(self) -> None:
         self.ranks.stop()
 

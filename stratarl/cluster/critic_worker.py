@@ -101,5 +101,12 @@ class CriticWorker:
         """Bytes between the controller and other processes: none, everything is in this one."""
         return {"controller/sent_bytes": 0.0, "controller/received_bytes": 0.0}
 
+    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
+        """Nothing to arm: this worker is the controller's process, which the watchdog dumps itself."""
+        return []
+
+    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        return []
+
     def shutdown(self) -> None:
         """Nothing to stop: the model lives as long as this process holds it."""

@@ -108,9 +108,8 @@ class PolicyWorker:
             results, pad_token_id=self.pad_token_id, max_response_len=sampling.max_tokens
         )
         tensors = {k: v for k, v in columns.items() if isinstance(v, torch.Tensor)}
-        return DataProto.from_dict(
-            tensors, {"finish_reason": np.array(columns["finish_reason"], dtype=object)}
-        )
+        provenance = {name: np.array(columns[name], dtype=object) for name in ("finish_reason", "replica_id")}
+        return DataProto.from_dict(tensors, provenance)
 
     def sync_weights(self, version: int | None = None) -> WeightLoadReport:
         """Push the actor's weights into the rollout engine as version + 1, and check they arrived.
@@ -163,6 +162,11 @@ class PolicyWorker:
             with_entropy=with_entropy,
         )
 
+    def update_row_statistics(self) -> dict[str, torch.Tensor]:
+        """The last actor update's per-row statistics (`row_id` [R], new log-prob, ratio, clipped
+        share, …; `engine.training`): {} unless that update's batch carried `row_id`."""
+        return dict(self.actor.last_row_statistics)
+
     # --- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(
         self,
@@ -200,6 +204,13 @@ class PolicyWorker:
 
     def clear_queue(self) -> None:
         """Nothing to clear: in one process the batch is the only copy of the step's rows."""
+
+    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
+        """Nothing to arm: this worker is the controller's process, which the watchdog dumps itself."""
+        return []
+
+    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        return []
 
     def shutdown(self) -> None:
         """Nothing to stop: the models live as long as this process holds them."""

@@ -99,8 +99,11 @@ def generate_into_queue(
         results, pad_token_id=pad_token_id, max_prompt_len=prompt_len, max_response_len=response_len
     )
     tensors = {k: v for k, v in columns.items() if isinstance(v, torch.Tensor)}
-    reasons = {"finish_reason": [str(reason) for reason in columns["finish_reason"]]}
-    batch = DataProto.from_columns(tensors | reasons)
+    provenance = {
+        "finish_reason": [str(reason) for reason in columns["finish_reason"]],
+        "replica_id": [int(replica) for replica in columns["replica_id"]],
+    }
+    batch = DataProto.from_columns(tensors | provenance)
     stored = queue.put(batch.select(list(tensors), meta_keys=[]), meta=meta)
     controller = narrow_integers(batch.select([c for c in batch.columns if c not in BULK_FIELDS]))
     controller.meta_info[QUEUED_FIELDS] = {name: stored.fields[name] for name in BULK_FIELDS}

@@ -26,6 +26,7 @@ from stratarl.cluster.ranks import RayRanks
 from stratarl.cluster.ray_cluster import actor_options
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
+from stratarl.observe.stack_dumps import arm_stack_dumps
 
 
 class RankProcess:
@@ -63,6 +64,10 @@ class RankProcess:
 
     def leave(self) -> None:
         leave_process_group()
+
+    def register_stack_dump(self, folder: str, role: str) -> dict[str, object]:
+        """faulthandler on SIGUSR1 from now on: this rank's stacks into `folder` (`stack_dumps`)."""
+        return arm_stack_dumps(folder, role, self.rank)
 
 
 def start_ranks(

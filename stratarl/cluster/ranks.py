@@ -6,21 +6,30 @@ the results in rank order. `InProcessRanks` calls plain objects (the embedded ba
 `RayRanks` calls Ray actors concurrently and waits at most `timeout_s`: a rank that died, raised
 or hung becomes one `WorkerError` naming the role, the ranks and the phase. The group is then
 stopped — the other ranks of a collective would wait on the failed one — and the run resumes from
-its last checkpoint. `RayRanks` also counts the bytes that pass through the controller.
+its last checkpoint. `RayRanks` also counts the bytes that pass through the controller, remembers
+the last call each rank received, and — once armed (`arm_stack_dumps`) — has every rank dump its
+Python stacks into the run's hang folder before a hung group is stopped (and on the watchdog's
+request).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray import cloudpickle
 
+from stratarl.observe.stack_dumps import BUSY, ArmedProcess, dump_armed
+from stratarl.transport.data_proto import DataProto
+
 Call = tuple[tuple, dict]  # (args, kwargs) for one rank
+WAIT_POLL_S = 1.0
 
 
 class WorkerError(RuntimeError):
@@ -84,6 +93,13 @@ class InProcessRanks:
     def call_all(self, phase: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return self.call(phase, method, [(args, kwargs)] * self.size)
 
+    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
+        """Nothing to arm: the ranks are this process, whose stacks the watchdog dumps itself."""
+        return []
+
+    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        return []
+
     def stop(self) -> None:
         """Nothing to stop: the objects live as long as this process holds them."""
 
@@ -103,6 +119,9 @@ class RayRanks:
         self.timeout_s, self.grace_s = timeout_s, grace_s
         self.traffic = ControllerTraffic()
         self.stopped: str | None = None  # why the group was stopped
+        self.last_calls: dict[int, dict[str, Any]] = {}  # rank -> the last call it received
+        self.armed: list[ArmedProcess] = []  # ranks whose stacks can be dumped (arm_stack_dumps)
+        self.hang_dir: Path | None = None
 
     @property
     def size(self) -> int:
@@ -115,6 +134,8 @@ class RayRanks:
                 self.role, phase, dict.fromkeys(range(self.size), f"not called: {self.stopped}")
             )
         self.traffic.sent += sum(wire_bytes(call) for call in per_rank)
+        for rank, (args, _) in enumerate(per_rank):
+            record_call(self.last_calls, rank, phase, method, args)
         refs = [
             getattr(actor, method).remote(*args, **kwargs)
             for actor, (args, kwargs) in zip(self.actors, per_rank, strict=True)
@@ -143,10 +164,15 @@ class RayRanks:
         results: dict[int, Any] = {}
         reasons: dict[int, str] = {}
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 break
+            # Short waits: between them the controller's signal handlers run (the watchdog's interrupt).
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(remaining, WAIT_POLL_S))
+            if not ready:
+                continue
             rank = pending.pop(ready[0])
+            record_answer(self.last_calls, rank)
             try:
                 results[rank] = ray.get(ready[0])
             except ray.exceptions.RayActorError as error:
@@ -159,9 +185,45 @@ class RayRanks:
         for rank in pending.values():
             reasons[rank] = f"did not answer within {self.timeout_s:g} s (hung or still busy)"
         if reasons:
+            error = WorkerError(self.role, phase, reasons)
+            self.record_failure(error, dump=bool(pending))  # hung ranks: stacks while they still exist
             self.stop(f"{self.role} ranks {sorted(reasons)} failed in phase {phase!r}")
-            raise WorkerError(self.role, phase, reasons)
+            raise error
         return [results[rank] for rank in ranks]
+
+    # --- stack dumps -------------------------------------------------------------------------------
+    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
+        """Every rank registers faulthandler on SIGUSR1, writing to folder/ranks/ (`stack_dumps`); a
+        hang then leaves every rank's stacks. Returns a line per rank."""
+        self.hang_dir = Path(folder)
+        armed = self.call_all("watchdog", "register_stack_dump", str(self.hang_dir / "ranks"), self.role)
+        self.armed = [
+            ArmedProcess(self.role, rank, int(a["pid"]), str(a["path"])) for rank, a in enumerate(armed)
+        ]
+        return [f"{p.name}: pid {p.pid}" for p in self.armed]
+
+    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        """Every armed rank's stacks into `folder`, each line with the last call the rank received."""
+        return dump_armed(self.armed, folder, header, describe_calls(self.last_calls))
+
+    def record_failure(self, error: WorkerError, *, dump: bool) -> Path | None:
+        """A failed phase's report (and, for hung ranks, their stacks) under the hang folder, for
+        `stratarl doctor`; nothing when the group was never armed."""
+        if self.hang_dir is None:
+            return None
+        folder = self.hang_dir / f"{self.role}-{error.phase.replace('.', '_')}-{int(time.time())}"
+        lines = self.dump_stacks(folder, f"{error}") if dump and self.armed else []
+        folder.mkdir(parents=True, exist_ok=True)
+        report = {
+            "message": str(error),
+            "role": self.role,
+            "phase": error.phase,
+            "reasons": {str(rank): why for rank, why in error.reasons.items()},
+            "last_calls": {str(rank): call for rank, call in self.last_calls.items()},
+            "processes": lines,
+        }
+        (folder / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        return folder
 
     def stop(self, reason: str = "stopped") -> None:
         """Kill every rank's process; later calls raise at once."""
@@ -183,3 +245,39 @@ def error_summary(error: BaseException) -> str:
 
 def _pid(worker: Any) -> int:
     return os.getpid()
+
+
+def record_call(
+    calls: dict[int, dict[str, Any]] | None, rank: int, phase: str, method: str, args: Sequence[Any]
+) -> None:
+    """Remember the call rank `rank` received last (what a hang report shows for it); None: no record."""
+    if calls is None:
+        return
+    calls[rank] = {"phase": phase, "method": method, "rows": _rows_in(args), "at": time.time()}
+
+
+def record_answer(calls: dict[int, dict[str, Any]] | None, rank: int) -> None:
+    if calls is not None and rank in calls and "answered_after_s" not in calls[rank]:
+        calls[rank]["answered_after_s"] = round(time.time() - calls[rank]["at"], 3)
+
+
+def describe_calls(calls: dict[int, dict[str, Any]]) -> dict[int, str]:
+    return {rank: _describe_call(call) for rank, call in calls.items()}
+
+
+def _rows_in(args: Sequence[Any]) -> int | None:
+    """Rows of the first batch (a DataProto, or a TransferQueue shard reference) among a call's args."""
+    for arg in args:
+        if isinstance(arg, DataProto):
+            return len(arg)
+        rows = getattr(arg, "rows", None)
+        if isinstance(rows, tuple):
+            return len(rows)
+    return None
+
+
+def _describe_call(call: Mapping[str, Any]) -> str:
+    rows = f", {call['rows']} rows" if call.get("rows") is not None else ""
+    age = time.time() - call["at"]
+    state = f"answered after {call['answered_after_s']:g} s" if "answered_after_s" in call else BUSY
+    return f"last call {call['method']} in phase {call['phase']!r}{rows}, {age:.1f} s ago, {state}"

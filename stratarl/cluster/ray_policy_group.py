@@ -74,8 +74,15 @@ class RayPolicyGroup(PolicyWorkerGroup):
         colocated = plan.is_colocated("actor", "rollout")
         ranks = self._start_ranks(with_rollout=colocated, backend=backend)
         if colocated:
-            engines = [
-                RemoteReplica(actor, r, timeout_s=call_timeout_s) for r, actor in enumerate(ranks.actors)
+            engines = [  # their generate calls are the ranks' calls too (hang reports)
+                RemoteReplica(
+                    actor,
+                    r,
+                    timeout_s=call_timeout_s,
+                    calls=ranks.last_calls,
+                    on_failure=ranks.record_failure,
+                )
+                for r, actor in enumerate(ranks.actors)
             ]
         else:
             engines = self._start_replicas()

@@ -11,7 +11,8 @@ remote call waits at most `timeout_s`; a replica that dies or hangs raises `Work
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,16 @@ from torch import Tensor
 from stratarl.cluster.policy_worker import load_causal_lm
 from stratarl.cluster.queue_rows import KEY, QueueRows
 from stratarl.cluster.queue_shard import generate_into_queue, widen_integers
-from stratarl.cluster.ranks import ControllerTraffic, WorkerError, error_summary, wire_bytes
+from stratarl.cluster.ranks import (
+    ControllerTraffic,
+    WorkerError,
+    describe_calls,
+    error_summary,
+    record_answer,
+    record_call,
+    wire_bytes,
+)
+from stratarl.observe.stack_dumps import ArmedProcess, arm_stack_dumps, dump_armed
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
 from stratarl.rollout.router import Replica, RolloutRouter
@@ -51,6 +61,7 @@ class RolloutReplica:
     ):
         transformers.logging.disable_progress_bar()  # no per-process load bars in the driver log
         torch.set_num_threads(threads)
+        self.replica_id = replica_id
         model = load_causal_lm(model_path, dtype).eval().requires_grad_(False)
         self.engine = TorchRolloutEngine(
             model,
@@ -71,6 +82,10 @@ class RolloutReplica:
     def served_version(self) -> int:
         return self.engine.weight_version
 
+    def register_stack_dump(self, folder: str, role: str) -> dict[str, object]:
+        """faulthandler on SIGUSR1 from now on: this replica's stacks into `folder` (`stack_dumps`)."""
+        return arm_stack_dumps(folder, role, self.replica_id)
+
     def check_weights(self, shapes: Mapping[str, Tensor]) -> None:
         self.engine.check_weights(shapes)
 
@@ -88,18 +103,33 @@ class RemoteReplica:
     """An actor that serves generation (a `RolloutReplica`, or a colocated `PolicyRank`) behind the
     methods of an engine (`Replica`, `WeightSyncTarget`)."""
 
-    def __init__(self, actor: Any, replica_id: int, *, timeout_s: float):
+    def __init__(
+        self,
+        actor: Any,
+        replica_id: int,
+        *,
+        timeout_s: float,
+        calls: dict | None = None,
+        on_failure: Callable[..., Any] | None = None,
+    ):
         self.actor, self.replica_id, self.timeout_s = actor, replica_id, timeout_s
+        self.on_failure = on_failure  # (WorkerError, dump=bool): e.g. the colocated ranks' report
         self.traffic = ControllerTraffic()  # what passed through the process holding this handle
+        # The last call of each process (shared with its ranks' `RayRanks.last_calls` when colocated).
+        self.calls: dict[int, dict[str, Any]] | None = calls  # None: set by `RolloutReplicas`
 
     def _get(self, phase: str, ref: ray.ObjectRef) -> Any:
+        hung = False
         try:
             return ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            why = f"did not answer within {self.timeout_s:g} s (hung or still busy)"
+            why, hung = f"did not answer within {self.timeout_s:g} s (hung or still busy)", True
         except ray.exceptions.RayActorError as error:
             why = f"died ({error_summary(error)})"
-        raise WorkerError("rollout", phase, {self.replica_id: why})
+        error = WorkerError("rollout", phase, {self.replica_id: why})
+        if self.on_failure is not None:  # a hang report (with the processes' stacks when it hung)
+            self.on_failure(error, dump=hung)
+        raise error
 
     @property
     def weight_version(self) -> int:
@@ -107,7 +137,9 @@ class RemoteReplica:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         self.traffic.sent += wire_bytes(list(requests))
+        record_call(self.calls, self.replica_id, "rollout.generate", "generate_requests", [list(requests)])
         results = self._get("rollout.generate", self.actor.generate_requests.remote(list(requests)))
+        record_answer(self.calls, self.replica_id)
         self.traffic.received += wire_bytes(results)
         return results
 
@@ -118,7 +150,9 @@ class RemoteReplica:
         only the controller's columns come back (`queue_shard.generate_into_queue`)."""
         call = (list(requests), queue, meta, layout)
         self.traffic.sent += wire_bytes(call)
+        record_call(self.calls, self.replica_id, "rollout.generate", "generate_into_queue", [list(requests)])
         out = self._get("rollout.generate", self.actor.generate_into_queue.remote(*call[:3], **layout))
+        record_answer(self.calls, self.replica_id)
         self.traffic.received += wire_bytes(out)
         return out
 
@@ -150,6 +184,11 @@ class RolloutReplicas:
     def __init__(self, replicas: Sequence[Replica], *, pad_token_id: int):
         self.targets = list(replicas)
         self.router = RolloutRouter(self.targets)
+        self.armed: list[ArmedProcess] = []  # replicas whose stacks can be dumped (arm_stack_dumps)
+        self.last_calls: dict[int, dict[str, Any]] = {}  # replica id -> its last call (split plan)
+        for replica in self.targets:
+            if isinstance(replica, RemoteReplica) and replica.calls is None:
+                replica.calls = self.last_calls
         self.pad_token_id = pad_token_id
 
     @property
@@ -185,6 +224,21 @@ class RolloutReplicas:
         rows.remember(keys, out)
         return out.union(DataProto.from_dict(non_tensors={KEY: np.array(keys, dtype=object)}))
 
+    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
+        """Every replica that is a process of its own dumps its stacks on request from now on."""
+        remote = [r for r in self.targets if isinstance(r, RemoteReplica)]
+        armed = ray.get(
+            [r.actor.register_stack_dump.remote(str(Path(folder) / "ranks"), "rollout") for r in remote]
+        )
+        self.armed = [
+            ArmedProcess("rollout", r.replica_id, int(a["pid"]), str(a["path"]))
+            for r, a in zip(remote, armed, strict=True)
+        ]
+        return [f"{p.name}: pid {p.pid}" for p in self.armed]
+
+    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        return dump_armed(self.armed, folder, header, describe_calls(self.last_calls))
+
     def take_traffic(self) -> dict[str, float]:
         """Bytes sent to and received from remote replicas since the last call (0 for in-process ones)."""
         parts = [r.traffic.take() for r in self.targets if isinstance(r, RemoteReplica)]
@@ -217,4 +271,5 @@ def results_proto(
     """Results in the batch-edge layout, as `PolicyWorker.generate` returns them."""
     columns = results_to_batch(results, pad_token_id=pad_token_id, max_response_len=max_response_len)
     tensors = {k: v for k, v in columns.items() if isinstance(v, torch.Tensor)}
-    return DataProto.from_dict(tensors, {"finish_reason": np.array(columns["finish_reason"], dtype=object)})
+    provenance = {name: np.array(columns[name], dtype=object) for name in ("finish_reason", "replica_id")}
+    return DataProto.from_dict(tensors, provenance)

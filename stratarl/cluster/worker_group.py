@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.policy_rank import PolicySpec
 from stratarl.cluster.policy_worker import PolicyWorker
@@ -148,6 +150,14 @@ class PolicyWorkerGroup:
         )
         return metrics[0] | ({"actor/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {})
 
+    def update_row_statistics(self) -> dict[str, torch.Tensor]:
+        """The last update's per-row statistics from every rank, as one table keyed by `row_id`: each
+        real row was trained on exactly one rank (pad rows are dropped by the engines)."""
+        parts = [part for part in self.ranks.call_all("trace", "update_row_statistics") if part]
+        if not parts:
+            return {}
+        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """The actor as an HF directory (one-to-all: the ranks gather the weights, rank 0 writes)."""
         return self.ranks.call_all("save", "save_pretrained", out_dir)[0]
@@ -187,6 +197,17 @@ class PolicyWorkerGroup:
         if self.rows is not None:
             parts.append(self.rows.take_traffic())
         return {key: sum(part[key] for part in parts) for key in parts[0]}
+
+    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
+        """Have every process of the group (ranks, and the rollout replicas of a split plan) dump its
+        stacks on request from now on (`RayRanks`, `RolloutReplicas`)."""
+        lines = self.ranks.arm_stack_dumps(folder)
+        return lines + (self.engines.arm_stack_dumps(folder) if self.separate_rollout else [])
+
+    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        """Every armed process's stacks into `folder`; a line per process for the hang report."""
+        lines = self.ranks.dump_stacks(folder, header)
+        return lines + (self.engines.dump_stacks(folder, header) if self.separate_rollout else [])
 
     def shutdown(self) -> None:
         self.ranks.stop()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from stratarl.config.schema_agent import AgentConfig
 from stratarl.config.schema_algorithm import AlgorithmConfig
 from stratarl.config.schema_data import DataConfig, ModelConfig, RewardConfig
+from stratarl.config.schema_observe import TraceConfig, WatchdogConfig
 from stratarl.config.schema_training import (
     LR_SCHEDULES,
     ActorConfig,
@@ -173,6 +174,8 @@ class RunConfig:
     trainer: TrainerConfig = section(TrainerConfig, "the training loop and its outputs")
     cluster: ClusterConfig = section(ClusterConfig, "process placement")
     sft: SFTConfig = section(SFTConfig, "supervised warm-start")
+    trace: TraceConfig = section(TraceConfig, "the per-trajectory trace (`stratarl trace`)")
+    watchdog: WatchdogConfig = section(WatchdogConfig, "phase deadlines and stack dumps (`stratarl doctor`)")
 
     @property
     def uses_critic(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
 from stratarl.config.schema_agent import agent_problems
+from stratarl.config.schema_observe import observe_problems
 from stratarl.config.schema_run import RunConfig
 from stratarl.config.setting import get_by_key, leaf_settings, type_name, value_matches_type
 
@@ -101,6 +102,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *_combination_problems(cfg),
         *_engine_problems(cfg),
         *agent_problems(cfg.agent, adv_estimator=cfg.algorithm.adv_estimator, check_paths=check_paths),
+        *observe_problems(cfg.trace, cfg.watchdog),
         *(_path_problems(cfg) if check_paths else []),
     ]
     if problems:

@@ -28,6 +28,7 @@ from stratarl.engine.optim import build_lr_schedule, build_optimizer
 from stratarl.engine.packing import ModelInputs, padding_share
 from stratarl.engine.perf import ModelFlops, default_peak_flops, memory_metrics, mfu
 from stratarl.transport.data_proto import DataProto
+from stratarl.transport.fields import ROW_ID
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,11 @@ class LossFn(Protocol):
     The loss is normalised by the global totals and multiplied by totals.dp_size (as
     `aggregate_loss(..., dp_size=D, global_num_tokens=...)` does). The engine sums each metric over a
     rank's micro-batches and averages it over ranks, so a metric is the micro-batch's share of the
-    mini-batch value times dp_size (e.g. value · local_tokens · D / num_tokens); with D = 1 a share."""
+    mini-batch value times dp_size (e.g. value · local_tokens · D / num_tokens); with D = 1 a share.
+
+    When the batch carries a `row_id` column (the trainer is tracing), the engine also calls
+    `loss_fn.row_statistics(micro, scores)` -> {name: [m] tensor} after each micro-batch's backward,
+    one value per row, including `tokens` (rows with 0 tokens are zero-weight pad rows, dropped)."""
 
     def __call__(
         self, micro: DataProto, scores: Any, totals: BatchTotals
@@ -100,6 +105,9 @@ class TrainingEngine:
         self.flops = flops
         self.peak_flops = peak_flops
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient norm
+        # Per-row statistics of the last update ({} unless its batch had `row_id`): `row_id` [R] and
+        # one [R] tensor per statistic, each row's last pass (its latest epoch).
+        self.last_row_statistics: dict[str, Tensor] = {}
 
     def _forward(self, inputs: ModelInputs, *, with_entropy: bool) -> Any:
         raise NotImplementedError
@@ -131,9 +139,11 @@ class TrainingEngine:
         start = time.perf_counter()
         collected: dict[str, list[float]] = defaultdict(list)
         work = {"flops": 0.0, "computed": 0, "real": 0}
+        row_stats: list[dict[str, Tensor]] = []  # per-row statistics of each micro-batch, in order
         for mini in batch.make_iterator(mini_batch_size, epochs=epochs, seed=shuffle_seed):
-            for name, value in self._optimizer_step(mini, loss_fn, with_entropy, work).items():
+            for name, value in self._optimizer_step(mini, loss_fn, with_entropy, work, row_stats).items():
                 collected[name].append(value)
+        self.last_row_statistics = latest_per_row(row_stats)
         metrics = self.dp.mean({name: sum(values) / len(values) for name, values in collected.items()})
         elapsed = time.perf_counter() - start
         metrics |= self._perf_metrics(work, elapsed)
@@ -148,23 +158,31 @@ class TrainingEngine:
             raise ValueError(f"data-parallel ranks hold {int(low)}..{int(-high)} rows; they must be equal")
 
     def _optimizer_step(
-        self, mini: DataProto, loss_fn: LossFn, with_entropy: bool, work: dict[str, float]
+        self,
+        mini: DataProto,
+        loss_fn: LossFn,
+        with_entropy: bool,
+        work: dict[str, float],
+        row_stats: list[dict[str, Tensor]],
     ) -> dict[str, float]:
         mask = mini["response_mask"]
         num_tokens, num_seqs = self.dp.reduce([mask.sum(), (mask.sum(-1) > 0).sum()], "sum")
         totals = BatchTotals(num_tokens=int(num_tokens), num_sequences=int(num_seqs), dp_size=self.dp.size)
         self.optimizer.zero_grad(set_to_none=True)
         micro_metrics: dict[str, float] = defaultdict(float)
-        for rows in plan_micro_batches(mini, self.batching, self.dp):
-            inputs = model_inputs(mini, rows or [0], self.batching.layout)
+        for group in plan_micro_batches(mini, self.batching, self.dp):
+            inputs = model_inputs(mini, group or [0], self.batching.layout)
             scores = self._forward(inputs, with_entropy=with_entropy)
-            if not rows:
+            if not group:
                 self._zero_weight_pass(scores).backward()
                 continue
-            loss, metrics = loss_fn(mini.take(rows), scores, totals)
+            micro = mini.take(group)
+            loss, metrics = loss_fn(micro, scores, totals)
             loss.backward()  # micro losses are globally normalised: their sum is the mini-batch loss
             for name, value in metrics.items():
                 micro_metrics[name] += float(value)
+            if ROW_ID in micro.columns:  # tracing: this pass's statistics of each row
+                row_stats.append({ROW_ID: micro[ROW_ID], **loss_fn.row_statistics(micro, scores)})
             self._count_work(inputs, work)
         grad_norm = clip_grad_norm(self.trainable_parameters, self.grad_clip)
         if math.isfinite(grad_norm):  # the norm is global, so every rank takes the same branch
@@ -204,6 +222,22 @@ class TrainingEngine:
         self.dp.load_full_optimizer_state(self.module, self.optimizer, state["optimizer"])
         self.lr_schedule.load_state_dict(state["extra"]["lr_schedule"])
         self.skipped_steps = state["extra"]["skipped_steps"]
+
+
+def latest_per_row(parts: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The per-row statistics of micro-batches in update order as one table: rows without tokens
+    (zero-weight pad rows) dropped, and each `row_id` once, with its last pass. {} for no parts."""
+    if not parts:
+        return {}
+    table = {name: torch.cat([part[name].detach().cpu() for part in parts]) for name in parts[0]}
+    latest: dict[int, int] = {}  # row id -> position of its last pass with tokens
+    for position, (row, tokens) in enumerate(
+        zip(table[ROW_ID].tolist(), table["tokens"].tolist(), strict=True)
+    ):
+        if tokens > 0:
+            latest[int(row)] = position
+    keep = torch.tensor(sorted(latest.values()), dtype=torch.long)
+    return {name: values[keep] for name, values in table.items()}
 
 
 def _compute_dtype(module: nn.Module, dp: DataParallel) -> torch.dtype:

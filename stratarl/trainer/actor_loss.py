@@ -19,7 +19,9 @@ from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.kl import kl_penalty
 from stratarl.algo.policy_loss import compute_policy_loss, get_policy_loss
 from stratarl.algo.rollout_correction import rollout_correction
+from stratarl.algo.row_statistics import ratio_statistics_per_row
 from stratarl.transport.data_proto import DataProto
+from stratarl.transport.fields import ROW_ID
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class ActorLoss:
     # the *current* π_θ against π_rollout in every micro-batch; None outside bypass mode. The loss is
     # then `vanilla` (no IS weights: the ratio already is π_θ/π_rollout) or `reinforce` (−w·A·log π).
     bypass_correction: dict[str, Any] | None = None
+    # (ε_low, ε_high) of the per-trajectory clipped share the trace reports (actor.policy_loss's
+    # clip_ratio_low/high; the PPO clip indicator whichever loss is trained).
+    clip_bounds: tuple[float, float] = (0.2, 0.2)
 
     @classmethod
     def from_settings(cls, policy_loss: str, settings: dict[str, Any], **kwargs: Any) -> ActorLoss:
@@ -56,9 +61,23 @@ class ActorLoss:
     @property
     def reads(self) -> tuple[str, ...]:
         """The batch columns `__call__` reads (besides the model's inputs); `rollout_is_weights` is
-        read when the batch has it. A worker group sends a rank these and nothing else."""
-        columns = ("response_mask", "old_log_probs", "advantages", "rollout_is_weights")
+        read when the batch has it, and so is `row_id` (`row_statistics`, while tracing). A worker
+        group sends a rank these and nothing else."""
+        columns = ("response_mask", "old_log_probs", "advantages", "rollout_is_weights", ROW_ID)
         return columns + (("ref_log_prob",) if self.needs_reference else ())
+
+    def row_statistics(self, micro: DataProto, scores) -> dict[str, Tensor]:
+        """[m] per-trajectory statistics of this micro-batch's update forward (`ratio_statistics_per_row`):
+        the engine collects them under the micro-batch's `row_id` when the batch carries one."""
+        low, high = self.clip_bounds
+        return ratio_statistics_per_row(
+            log_prob=scores.log_prob.detach(),
+            old_log_prob=micro["old_log_probs"],
+            advantages=micro["advantages"],
+            response_mask=micro["response_mask"],
+            clip_ratio_low=low,
+            clip_ratio_high=high,
+        )
 
     def __call__(self, micro: DataProto, scores, totals) -> tuple[Tensor, dict[str, float]]:
         mask = micro["response_mask"]  # [m, T]

@@ -185,6 +185,7 @@ def build_actor_loss(cfg: RunConfig) -> ActorLoss:
         entropy_coeff=cfg.actor.entropy_coeff,
         kl_loss_coef=cfg.actor.kl_loss_coef if cfg.actor.use_kl_loss else 0.0,
         kl_loss_type=cfg.actor.kl_loss_type,
+        clip_bounds=(cfg.actor.policy_loss.clip_ratio_low, cfg.actor.policy_loss.clip_ratio_high),
     )
 
 

@@ -3,9 +3,11 @@
     prompts -> expand to n -> generate -> reward -> old log-prob -> (ref log-prob)
             -> advantage -> actor update -> weight sync
 
-Every phase is a function in `phases`, timed under verl's `timing_s/<phase>` names. The run
-directory receives the resolved config, metrics.jsonl, trajectories.jsonl, validation generations,
-the final HF-loadable weights and a PNG of the learning curves.
+Every phase is a function in `phases`, run under `observe.PhaseMonitor` (timed under verl's
+`timing_s/<phase>` names, its memory peak, its watchdog deadline) and followed by the trace fields
+it knows (`tracing.StepTracer`). The run directory receives the resolved config, metrics.jsonl,
+trajectories.jsonl, traces/ (`stratarl trace`), validation generations, the final HF-loadable
+weights and PNGs of the run's curves (`stratarl plot`); hang/ when a deadline passed.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ from stratarl.config import BatchPlan, RunConfig, save_resolved_config, validate
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
 from stratarl.observe.loggers import make_sinks
-from stratarl.observe.plots import plot_learning_curves
+from stratarl.observe.phase_monitor import PhaseMonitor
+from stratarl.observe.plots import plot_learning_curves, plot_run
 from stratarl.observe.run_log import RunLog
-from stratarl.observe.timing import timed, timing_metrics
-from stratarl.trainer import agent_rollout, builders, checkpointing, phases, sampling_phases
+from stratarl.observe.stack_dumps import write_error_report
+from stratarl.observe.timing import timing_metrics
+from stratarl.trainer import agent_rollout, builders, checkpointing, phases, run_watch, sampling_phases
 from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.run_summary import summary_rows
+from stratarl.trainer.tracing import StepTracer, step_diagnostics
 from stratarl.trainer.validation import run_validation
 from stratarl.transport.data_proto import DataProto
 
@@ -109,6 +114,9 @@ class RLTrainer:
         self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer, self.compute_score)
         self.sampling = builders.train_sampling(cfg)
         self.plan = BatchPlan.from_config(cfg)
+        self.tracer = StepTracer(cfg, self.tokenizer, self.run_dir)
+        self.watchdog = run_watch.build_watchdog(cfg, self.run_dir)  # None: watchdog.enable=false
+        self.monitor = PhaseMonitor(self.watchdog, roles=run_watch.PHASE_ROLES)
         # Last, so that nothing after them can fail and leave worker processes behind: the policy,
         # and for PPO the critic (the actor waits critic.warmup_training_steps steps).
         self.worker, self.critic = builders.build_workers(cfg, self.tokenizer, total_steps=self.total_steps)
@@ -127,13 +135,23 @@ class RLTrainer:
         stopped at the end, also when a step fails, and so are the agent's scoring pool and the
         metric sinks (TensorBoard, W&B)."""
         with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
+            if self.watchdog is not None:  # stopped last: a cleanup that hangs still meets its grace
+                self.watchdog.start()
+                cleanup.callback(self.watchdog.stop)
             cleanup.callback(self.log.close)
             cleanup.callback(self.worker.shutdown)
             if self.critic is not None:  # before the policy's: that shutdown may end the Ray cluster
                 cleanup.callback(self.critic.shutdown)
             if self.agent is not None:
                 cleanup.callback(self.agent.close)
-            return self._fit()
+            if self.watchdog is not None:  # every worker process can dump its stacks from now on
+                workers = {"actor": self.worker, "critic": self.critic}
+                run_watch.watch_workers(self.watchdog, self.run_dir, workers)
+            try:
+                return self._fit()
+            except Exception as error:  # for `stratarl doctor` (a watchdog timeout wrote its own report)
+                write_error_report(self.run_dir, error, self.monitor.failed_in)
+                raise
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
@@ -177,6 +195,7 @@ class RLTrainer:
         self.tokenizer.save_pretrained(self.run_dir / "final")
         curves = plot_learning_curves(self.log.history, self.run_dir / "curves.png")
         self.log.log_image("curves", curves, step=self.total_steps)
+        plot_run(self.log.history, self.run_dir / "plots")
         self._print_summary(start, time.perf_counter() - run_start)
         return last_val
 
@@ -190,7 +209,8 @@ class RLTrainer:
             "weight_version": self.worker.weight_version,
             "last_val": self.last_val,
         }
-        path = self.checkpoints.save(step, tokenizer=self.tokenizer, trainer_state=state)
+        with self.monitor.phase("save", step=step):
+            path = self.checkpoints.save(step, tokenizer=self.tokenizer, trainer_state=state)
         self.log.console.print(f"[dim]checkpoint: {path}[/dim]")
 
     def resume(self) -> int:
@@ -208,6 +228,7 @@ class RLTrainer:
         self.worker.sync_weights(version=state["weight_version"])
         self.last_val = state["last_val"]
         self.log.history = checkpointing.truncate_logs(self.run_dir, point.step)
+        self.tracer.writer.truncate_after(point.step)
         epoch = state["sampler"]["epoch"]
         self.log.console.print(
             f"[bold green]resumed[/bold green] from {point.path}: step {point.step} done, "
@@ -224,27 +245,32 @@ class RLTrainer:
         self.log.print_table("run summary", rows)
 
     def train_step(self, step: int) -> dict[str, float]:
-        cfg, timings = self.cfg, {}
-        with timed("step", timings):
+        cfg, timings, phase = self.cfg, {}, self.monitor.phase
+        self.tracer.begin(step)
+        with self.tracer.written_on_failure(), phase("step", timings, step=step):
             batch, collect_metrics = self._collect(step, timings)
-            batch, prepare_metrics = self._prepare(batch, timings)
+            batch, prepare_metrics = self._prepare(batch, timings, step)
+            self.tracer.after_advantage(batch)
             critic_metrics = self._update_critic(batch, step, timings)
-            actor_metrics = {}
+            actor_metrics, trained_version = {}, self.worker.weight_version
             if step > cfg.critic.warmup_training_steps or self.critic is None:
-                with timed("update_actor", timings):
+                with phase("update_actor", timings, step=step, rows=len(batch)):
                     actor_metrics = phases.update_actor(
                         self.worker,
-                        batch,
+                        self.tracer.with_row_ids(batch),
                         self.loss_fn,
                         mini_batch_size=min(cfg.actor.prompts_per_mini_batch * cfg.rollout.n, len(batch)),
                         epochs=cfg.actor.ppo_epochs,
                         seed=self._seed(step) if cfg.actor.shuffle else None,
                     )
+                self.tracer.after_update(batch, self.tracer.row_statistics(self.worker), trained_version)
             # Synced during critic warm-up too (the weights did not change): every step leaves the
             # rollout serving a verified version, never one left asleep or stale (a verl bug).
-            with timed("update_weights", timings):
+            with phase("update_weights", timings, step=step):
                 sync_metrics = phases.sync_weights(self.worker)
             self.worker.clear_queue()  # Ray: the step's rows leave the TransferQueue
+            with phase("trace", timings, step=step):
+                self.tracer.end()
         if self.kl_ctrl is not None:
             current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
             self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
@@ -252,11 +278,14 @@ class RLTrainer:
             step,
             batch,
             timings,
+            # first: the phases' own metrics of the same names (e.g. bypass mode's rollout_corr/*) win
+            step_diagnostics(batch, trained_version if actor_metrics else None),
             collect_metrics,
             prepare_metrics,
             critic_metrics,
             actor_metrics,
             sync_metrics,
+            self.monitor.memory.take_metrics(),
         )
         if cfg.trainer.save_trajectories:
             texts = phases.decode_responses(self.tokenizer, batch)
@@ -278,21 +307,24 @@ class RLTrainer:
             )
             batch = phases.expand_prompts(prompts, n, f"{step}.{rounds}")
             seed = self._seed(step) + 7919 * rounds
-            with timed("gen", timings):
+            with self.monitor.phase("gen", timings, step=step, rows=len(batch)):
                 if self.agent is None:
                     batch = phases.generate(self.worker, batch, self.sampling, seed=seed)
                 else:  # agent.enable: multi-turn episodes; their agent/* metrics join the reward's
                     batch, agent_metrics = self.agent.generate(self.worker, batch, self.sampling, seed=seed)
                     reward_parts.append(agent_metrics)
+            self.tracer.after_rollout(batch, self.sampling, seed)
             if cfg.algorithm.adv_estimator == "remax":
-                with timed("gen_max", timings):
+                with self.monitor.phase("gen_max", timings, step=step, rows=len(batch)):
                     batch = sampling_phases.greedy_baselines(
                         self.worker, batch, n, self.sampling, self._score
                     )
-            if "token_level_scores" not in batch:  # else agent.streaming_reward scored it while generating
-                with timed("reward", timings):
+            result = None  # agent.streaming_reward scored the episodes while generating
+            if "token_level_scores" not in batch:
+                with self.monitor.phase("reward", timings, step=step, rows=len(batch)):
                     batch, result, _ = phases.reward(batch, self.tokenizer, self.compute_score)
                 reward_parts.append(result.metrics())
+            self.tracer.after_reward(batch, result)
             if filtering.enable:
                 batch, n_dropped = sampling_phases.keep_groups_with_signal(batch, filtering.metric)
                 dropped += n_dropped
@@ -317,22 +349,24 @@ class RLTrainer:
     def _score(self, batch: DataProto) -> DataProto:
         return phases.reward(batch, self.tokenizer, self.compute_score)[0]
 
-    def _prepare(self, batch: DataProto, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
+    def _prepare(
+        self, batch: DataProto, timings: dict[str, float], step: int
+    ) -> tuple[DataProto, dict[str, float]]:
         """Old and reference log-probs, rollout correction, then advantages."""
-        cfg, metrics = self.cfg, {}
+        cfg, metrics, rows = self.cfg, {}, len(batch)
         correction = cfg.algorithm.rollout_correction
         if correction.bypass_mode:
             batch = sampling_phases.use_rollout_log_probs(batch)
         else:
-            with timed("old_log_prob", timings):
+            with self.monitor.phase("old_log_prob", timings, step=step, rows=rows):
                 batch = phases.old_log_prob(self.worker, batch, with_sum_pi_squared=self.needs_sum_pi_squared)
         if cfg.uses_reference:
-            with timed("ref", timings):
+            with self.monitor.phase("ref", timings, step=step, rows=rows):
                 batch = phases.ref_log_prob(self.worker, batch)
         if self.critic is not None:
-            with timed("values", timings):
+            with self.monitor.phase("values", timings, step=step, rows=rows):
                 batch = phases.values(self.critic, batch)
-        with timed("adv", timings):
+        with self.monitor.phase("adv", timings, step=step, rows=rows):
             if not correction.bypass_mode and (correction.rollout_is or correction.rollout_rs):
                 batch, metrics = sampling_phases.apply_decoupled_correction(
                     batch, builders.rollout_correction_settings(cfg)
@@ -351,7 +385,7 @@ class RLTrainer:
         if self.critic is None:
             return {}
         c = self.cfg.critic
-        with timed("update_critic", timings):
+        with self.monitor.phase("update_critic", timings, step=step, rows=len(batch)):
             return phases.update_critic(
                 self.critic,
                 batch,
@@ -397,16 +431,17 @@ class RLTrainer:
         assert self.val_set is not None
         v = self.cfg.rollout.val_kwargs
         run = run_validation if self.agent is None else partial(run_agent_validation, self.agent)
-        metrics, records = run(
-            self.worker,
-            self.val_set,
-            tokenizer=self.tokenizer,
-            compute_score=self.compute_score,
-            sampling=builders.val_sampling(self.cfg),
-            n=v.n,
-            step=step,
-            seed=self._seed(step) + 7,
-        )
+        with self.monitor.phase("val", step=step, rows=len(self.val_set)):
+            metrics, records = run(
+                self.worker,
+                self.val_set,
+                tokenizer=self.tokenizer,
+                compute_score=self.compute_score,
+                sampling=builders.val_sampling(self.cfg),
+                n=v.n,
+                step=step,
+                seed=self._seed(step) + 7,
+            )
         self.worker.clear_queue()
         self.log.log_metrics(step, metrics, phase="val")
         (self.run_dir / "val_generations").mkdir(exist_ok=True)

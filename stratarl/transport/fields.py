@@ -50,6 +50,9 @@ PHASES: tuple[str, ...] = (
     "trace",
 )
 
+# The column that keys an update's per-row statistics back to their trajectory (the trace's question 9).
+ROW_ID = "row_id"
+
 FORWARD_PHASES = ("actor.log_prob", "reference.log_prob", "critic.value", "critic.update", "actor.update")
 
 
@@ -119,6 +122,10 @@ FIELDS: dict[str, FieldSpec] = dict(
               "log π_rollout(token): log-probs reported by the sampler (bypass mode, rollout correction)"),
         _spec("weight_version", "int64", "N", None, "rollout", "actor.update metrics trace",
               "version of the policy weights that generated the trajectory; staleness = trained − this"),
+        _spec("finish_reason", "object", "N", None, "rollout", "metrics trace",
+              "why generation stopped: 'stop' (EOS or a stop string) or 'length' (max tokens ran out)"),
+        _spec("replica_id", "object", "N", None, "rollout", "trace",
+              "the rollout engine (replica) that served the trajectory's first turn"),
         # ---- scoring and forward passes -------------------------------------------------------
         _spec("token_level_scores", "float", "N T", _RESP, "reward", "advantage metrics",
               "the outcome reward on the last action token of the response, 0 elsewhere"),
@@ -141,6 +148,9 @@ FIELDS: dict[str, FieldSpec] = dict(
               "regression targets of the critic (Â_t + V(s_t) for GAE)"),
         _spec("rollout_is_weights", "float", "N T", _RESP, "advantage", "actor.update metrics",
               "truncated importance weights π_old/π_rollout of rollout correction"),
+        _spec(ROW_ID, "int64", "N", None, "trace", "actor.update trace",
+              "the row's index in the step's trained batch (only while tracing): the actor's update "
+              "returns its per-row statistics (new log-prob, ratio, clipped share) under it"),
     ]
 )
 # fmt: on

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from stratarl.observe.doctor import diagnose
+from stratarl.observe.doctor_view import load_run
 from stratarl.trainer.quickstart import run_quickstart
 
 
@@ -13,6 +15,8 @@ def test_grpo_beats_the_sft_checkpoint_on_held_out_problems(tmp_path):
     assert summary["accuracy_after_grpo"] - summary["accuracy_after_sft"] >= 0.15, summary
     assert json.loads((tmp_path / "summary.json").read_text())["seed"] == 0
     assert (tmp_path / "grpo" / "curves.png").exists()
+    # the doctor finds nothing alarming on the quickstart (docs/debugging.md shows its output)
+    assert [f.title for f in diagnose(load_run(tmp_path)) if f.severity != "info"] == []
 
 
 @pytest.mark.slow

@@ -1,0 +1,340 @@
+"""Cross-cutting: the doctor's checks of the system layers — hangs and dead workers, numerics, weight
+sync (staleness, rollout/training log-prob mismatch), memory, throughput, and how far the run got.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+from stratarl.observe.doctor_checks import _late, _mean, _steps
+from stratarl.observe.doctor_view import LIVE_WITHIN_S, Finding, RunView
+
+MISMATCH_KL_PROBLEM, MISMATCH_KL_WARNING = 0.05, 0.005  # rollout_corr/kl, nats per token
+MEMORY_PROBLEM, MEMORY_WARNING = 0.9, 0.75  # peak over the machine's total
+IDLE_WARNING = 0.3  # share of a step outside every timed phase
+GIB = 2**30
+
+
+def _error_finding(report: dict[str, Any], reports: list[dict[str, Any]]) -> list[Finding]:
+    """A run that stopped with an exception; nothing when a worker group's report already explains it."""
+    if report["exception"] == "WorkerError" and any("reasons" in r for r in reports):
+        return []
+    frames = report.get("frames", [])
+    layer = _hang_layer({"phase": str(report.get("phase") or "").split(" ")[0]}, frames)
+    where = f" in phase {report['phase']}" if report.get("phase") else ""
+    return [
+        Finding(
+            "problem",
+            layer,
+            f"the run stopped with {report['exception']}{where}",
+            [str(report["message"])[:300], *[f"at {frame}" for frame in frames[:3]]],
+            "the innermost frames say which layer raised; fix it and run the same command again "
+            "(with trainer.save_freq set it resumes from the last checkpoint)",
+            key="error",
+        )
+    ]
+
+
+# --- hangs and dead workers -------------------------------------------------------------------------
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+LAYER_BY_FRAME = (  # (pattern in a stack, layer): the first that matches the stuck frames wins
+    (re.compile(r"torch/distributed|process_group|all_reduce|broadcast|all_gather|fsdp"), "parallelism"),
+    (re.compile(r"weight_sync|push_weights|load_weights|sync_weights|receive_weights"), "weight sync"),
+    (re.compile(r"stratarl/algo/|actor_loss\.py|critic_loss\.py"), "algorithm"),
+    (re.compile(r"stratarl/data/|prompt_dataset|collate"), "data"),
+)
+LAYER_BY_PHASE = {"update_weights": "weight sync", "weight_sync": "weight sync"}
+
+
+def stuck_frames(stack_file: Path) -> list[str]:
+    """The innermost frames of the main thread in a faulthandler dump — the one thread that threading
+    did not start (every other thread's outermost frame is threading's _bootstrap); [] if none."""
+    text = stack_file.read_text(encoding="utf-8", errors="replace")
+    blocks = re.split(r"\n(?=(?:Current )?[Tt]hread 0x)", text)
+    frames = [[m.group(0) for m in _FRAME.finditer(block)] for block in blocks]
+    main = [f for f in frames if f and not any("in _bootstrap" in frame for frame in f)]
+    return main[-1][:4] if main else []
+
+
+def _hang_layer(report: dict[str, Any], frames: list[str]) -> str:
+    joined = "\n".join(frames)
+    for pattern, layer in LAYER_BY_FRAME:
+        if pattern.search(joined):
+            return layer
+    phase = report.get("expired", {}).get("phase") or report.get("phase", "")
+    return LAYER_BY_PHASE.get(str(phase).replace("rollout.", ""), "compute & environment")
+
+
+def check_hangs(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    findings = []
+    for report in view.hangs:
+        if "exception" in report:
+            findings += _error_finding(report, view.hangs)
+            continue
+        folder = Path(report["folder"])
+        stacks = sorted(folder.glob("stacks-*.txt"))
+        ranks = [p for p in stacks if "controller" not in p.name]
+        frames = {p.name: stuck_frames(p) for p in stacks}
+        deepest = next((frames[p.name] for p in ranks if frames[p.name]), None) or next(
+            (f for f in frames.values() if f), []
+        )
+        evidence = [str(report.get("message"))]
+        evidence += [f"{name}: stuck at {f[0].strip()}" for name, f in frames.items() if f]
+        evidence += [str(line) for line in report.get("processes", [])[:8]]
+        if "expired" in report:  # the watchdog: a phase passed its deadline
+            expired = report["expired"]
+            phase, deadline = expired["phase"], expired["deadline_s"]
+            title = f"hang: phase {phase!r} passed its {deadline:g} s deadline (step {expired['step']})"
+            advice = (
+                f"read the innermost frames in {folder}/stacks-*.txt (each process waits there); if the "
+                f"phase is only slow, raise watchdog.phase_timeouts_s.{phase} or watchdog.scale"
+            )
+        else:  # a worker group: ranks that died, raised or did not answer
+            reasons = report.get("reasons", {})
+            title = f"{report.get('role')} ranks {sorted(reasons)} failed in phase {report.get('phase')!r}"
+            died = any("died" in str(why) for why in reasons.values())
+            advice = (
+                "a rank process died: look for an out-of-memory kill (dmesg, the memory finding) or a crash "
+                "in its log; the run resumes from its last checkpoint"
+                if died
+                else f"compare the ranks' stacks in {folder}: a rank that waits in a collective while "
+                "another is elsewhere is a parallelism bug; raise cluster.call_timeout_s if the phase is "
+                "only slow"
+            )
+        layer = _hang_layer(report, deepest)
+        if "reasons" in report and any("died" in str(why) for why in report["reasons"].values()):
+            layer = "parallelism"
+        findings.append(Finding("problem", layer, title, evidence, advice, key="hang"))
+    return findings
+
+
+def check_numerics(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    skipped = view.series("actor/skipped_steps")
+    bad = [r["step"] for r in view.train if any(v in ("nan", "inf", "-inf") for v in r.values())]
+    findings = []
+    if skipped and skipped[-1][1] > 0:
+        findings.append(
+            Finding(
+                "problem" if skipped[-1][1] >= len(skipped) / 2 else "warning",
+                "compute & environment",
+                f"{int(skipped[-1][1])} optimizer steps were skipped for a non-finite gradient norm",
+                [f"actor/skipped_steps {int(skipped[-1][1])} by step {skipped[-1][0]}"],
+                "look for inf/NaN in log-probs (a 0-probability token), advantages or the loss; mixed "
+                "precision (model.dtype) and a lower actor.lr are the usual remedies",
+                key="numerics",
+            )
+        )
+    if bad:
+        findings.append(
+            Finding(
+                "problem",
+                "compute & environment",
+                f"non-finite metrics on steps {bad[:8]}",
+                ["metrics.jsonl holds nan/inf values"],
+                "find the first phase whose metric is not finite",
+                key="numerics",
+            )
+        )
+    return findings
+
+
+# --- weight sync --------------------------------------------------------------------------------------
+def check_staleness(view: RunView, earlier: list[Finding], max_staleness: int = 0) -> list[Finding]:
+    """Trajectories trained by weights newer than those that generated them (past `max_staleness`
+    versions: 0 for this trainer, which generates each step with the weights it then trains), and
+    weight versions that do not advance by one per step."""
+    findings = []
+    stale = view.series("rollout/staleness/max")
+    over = [(s, v) for s, v in stale if v > max_staleness]
+    if over:
+        findings.append(
+            Finding(
+                "problem",
+                "weight sync",
+                f"stale samples: trajectories trained {int(max(v for _, v in over))} weight versions after "
+                "the ones that generated them",
+                [
+                    f"rollout/staleness/max > {max_staleness} on {len(over)} of {len(stale)} steps "
+                    f"(first: step {over[0][0]})"
+                ],
+                "the rollout serves old weights: check that every step's sync reaches every replica "
+                "(rollout/weight_version), and the staleness bound of an asynchronous mode",
+                key="stale",
+            )
+        )
+    versions = view.series("rollout/weight_version")
+    jumps = [(a, b) for (_, a), (_, b) in itertools.pairwise(versions) if b - a != 1]
+    if jumps:
+        findings.append(
+            Finding(
+                "problem",
+                "weight sync",
+                "the served weight version does not advance by one per step",
+                [f"rollout/weight_version goes {jumps[0][0]:g} → {jumps[0][1]:g} ({len(jumps)} steps)"],
+                "a weight sync was skipped or repeated: the rollout generated with weights the actor no "
+                "longer has; see the update_weights phase (timing_s/update_weights, "
+                "rollout/weight_sync_bytes)",
+                key="stale",
+            )
+        )
+    return findings
+
+
+def check_logprob_mismatch(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    """π_old (the trainer's forward) against π_rollout (the sampler's log-probs): the same weights
+    should give the same numbers up to kernel and precision noise."""
+    kl = view.series("rollout_corr/kl")
+    if not kl:
+        return []
+    late = _mean(_late(kl))
+    if abs(late) < MISMATCH_KL_WARNING:
+        return []
+    diff = view.series("rollout_corr/log_ppl_abs_diff")
+    first = kl[0][1]
+    from_start = abs(first) >= MISMATCH_KL_WARNING
+    layer = "compute & environment" if from_start else "weight sync"
+    cause = (
+        "already at the first step: the rollout computes log-probs differently (dtype, kernels, "
+        "temperature or sampling filters)"
+        if from_start
+        else "it appears after the first steps: the rollout serves weights that differ from the actor's"
+    )
+    return [
+        Finding(
+            "problem" if abs(late) >= MISMATCH_KL_PROBLEM else "warning",
+            layer,
+            f"rollout and training log-probs disagree: KL {late:.3g} nats per token",
+            [f"rollout_corr/kl: step {kl[0][0]} {first:.3g}, later half {late:.3g}"]
+            + ([f"rollout_corr/log_ppl_abs_diff later half {_mean(_late(diff)):.3g}"] if diff else [])
+            + [cause],
+            "compare rollout and model precision (model.dtype, the rollout's dtype); check the weight sync "
+            "(rollout/weight_version, checksums); correct what remains with "
+            "algorithm.rollout_correction.rollout_is",
+            key="mismatch",
+        )
+    ]
+
+
+# --- compute & environment ---------------------------------------------------------------------------
+def _peak(view: RunView, kind: str) -> tuple[float, str | None, int | None]:
+    """(the highest peak in GiB, the phase that set it, its step) of `memory/<kind>_peak_gb/<phase>`."""
+    best = (0.0, None, None)
+    for r in view.train:
+        for key, value in r.items():
+            if (
+                key.startswith(f"memory/{kind}_peak_gb/")
+                and isinstance(value, int | float)
+                and value > best[0]
+            ):
+                best = (float(value), key.rsplit("/", 1)[1], int(r["step"]))
+    return best
+
+
+def check_memory(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    findings = []
+    for kind, label in (("host", "host (RSS of the trainer process)"), ("device", "device (CUDA allocator)")):
+        totals = view.series(f"memory/{kind}_total_gb")
+        peaks = view.series(f"memory/{kind}_peak_gb")
+        if not totals or not peaks:
+            continue
+        total, peak = totals[-1][1], max(v for _, v in peaks)
+        value, phase, step = _peak(view, kind)
+        share = peak / total if total else 0.0
+        severity = "problem" if share >= MEMORY_PROBLEM else "warning" if share >= MEMORY_WARNING else "info"
+        where = f"set in phase {phase!r} at step {step}" if phase else "set before the first step (loading)"
+        findings.append(
+            Finding(
+                severity,
+                "compute & environment",
+                f"{label} memory peak {peak:.2f} GiB ({share:.0%} of {total:.1f} GiB), {where}",
+                [
+                    f"memory/{kind}_peak_gb {peak:.2f}; memory/{kind}_peak_gb/{phase} {value:.2f}"
+                    if phase
+                    else f"memory/{kind}_peak_gb {peak:.2f}"
+                ],
+                ""
+                if severity == "info"
+                else f"the {phase or 'start-up'} phase needs less memory: smaller micro-batches "
+                "(*.trajectories_per_micro_batch, *.max_tokens_per_micro_batch), rollout."
+                "trajectories_per_generate_batch, or more processes (cluster.training_workers)",
+                key="memory",
+            )
+        )
+    ranks = view.series("perf/max_memory_allocated_gb")
+    if ranks and view.setting("cluster.backend") == "ray":
+        findings.append(
+            Finding(
+                "info",
+                "compute & environment",
+                f"training ranks' peak memory {max(v for _, v in ranks):.2f} GiB (actor update, rank 0)",
+                [f"perf/max_memory_allocated_gb {_steps(ranks)}"],
+                key="memory",
+            )
+        )
+    return findings
+
+
+def check_throughput(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    steps = [
+        r for r in view.train if isinstance(r.get("timing_s/step"), int | float) and r["timing_s/step"] > 0
+    ]
+    if not steps:
+        return []
+    phases = sorted({k for r in steps for k in r if k.startswith("timing_s/") and k != "timing_s/step"})
+    total = sum(r["timing_s/step"] for r in steps)
+    shares = {p.removeprefix("timing_s/"): sum(float(r.get(p, 0.0)) for r in steps) / total for p in phases}
+    idle = max(0.0, 1.0 - sum(shares.values()))
+    top = sorted(shares.items(), key=lambda kv: -kv[1])[:3]
+    evidence = [
+        f"mean step {total / len(steps):.2f} s over {len(steps)} steps; "
+        + ", ".join(f"{p} {s:.0%}" for p, s in top)
+    ]
+    evidence.append(f"outside any phase (metrics, logging): {idle:.0%}")
+    findings = [
+        Finding(
+            "info",
+            "compute & environment",
+            f"time: {top[0][0]} takes {top[0][1]:.0%} of a step",
+            evidence,
+            key="throughput",
+        )
+    ]
+    if idle >= IDLE_WARNING:
+        findings.append(
+            Finding(
+                "warning",
+                "compute & environment",
+                f"{idle:.0%} of each step is spent outside the timed phases",
+                evidence,
+                "the controller's own work dominates (metrics, the trajectory JSONL, tracing): set "
+                "trainer.save_trajectories=false or a smaller trace.fraction, and look at timing_s/trace",
+                key="throughput",
+            )
+        )
+    return findings
+
+
+def check_progress(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    """A run that stopped before its last step without a recorded reason (killed from outside)."""
+    steps = [int(r["step"]) for r in view.train]
+    total = view.setting("trainer.total_steps")
+    live = view.modified_s_ago is not None and view.modified_s_ago < LIVE_WITHIN_S
+    if not steps or not total or max(steps) >= total or live or (view.run_dir / "final").is_dir():
+        return []
+    if any(f.key in ("hang", "error") for f in earlier):
+        return []  # the hang or error report says why
+    return [
+        Finding(
+            "warning",
+            "compute & environment",
+            f"the run stopped after step {max(steps)} of {total} and recorded no error",
+            [f"metrics.jsonl last written {view.modified_s_ago:.0f} s ago; no hang report in hang/"],
+            "the process was killed from outside (the kernel's out-of-memory killer: `dmesg`; a scheduler's "
+            "time limit) or its error went to the console only; run the same command again to resume from "
+            "the last checkpoint",
+            key="progress",
+        )
+    ]
