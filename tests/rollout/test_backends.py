@@ -3,6 +3,7 @@ teacher-forced fp32 forward, per-request seeds reproduce, stop ids / stop string
 honoured, the async API matches the batch API, and weight sync changes outputs and bumps the version."""
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -163,3 +164,41 @@ def test_vllm_sleep_mode_is_refused_where_the_platform_lacks_it(backend):
         pytest.skip("sleep mode needs enable_sleep_mode=True at construction; covered on GPU machines")
     with pytest.raises(NotImplementedError, match="GPU only"):
         engine.sleep()
+
+
+def test_ignore_eos_and_min_tokens_force_the_response_length(backend, model_dir, tokenizer):
+    # after the weight-sync test: it serves a model whose EOS logit beats the greedy token at every
+    # step (the EOS embedding, tied to the head, is twice the greedy first token's), so greedy
+    # decoding stops at once; ignore_eos and min_tokens must then still give max_tokens tokens
+    _, engine = backend
+    eos, max_tokens = tokenizer.eos_token_id, 7
+    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    reference = TorchRolloutEngine(original, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    greedy = [
+        GenerationRequest(f"g{i}", p, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+        for i, p in enumerate(prompts(tokenizer))
+    ]
+    plain = reference.generate(greedy)
+    assert all(eos not in r.response_ids for r in plain)
+    boosted = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    embedding = boosted.get_input_embeddings().weight
+    with torch.no_grad():
+        embedding[eos] = 2 * embedding[plain[0].response_ids[0]]
+    engine.load_weights(boosted.state_dict(), version=engine.weight_version + 1)
+
+    def run(**options):
+        requests = [
+            dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, **options)) for r in greedy
+        ]
+        return engine.generate(requests)
+
+    stopped = run()[0]
+    assert (stopped.response_ids, stopped.finish_reason, stopped.stop_reason) == ((eos,), "stop", eos)
+    for result in run(ignore_eos=True):
+        assert len(result.response_ids) == max_tokens and result.finish_reason == "length"
+    assert eos in run(ignore_eos=True)[0].response_ids  # sampled and kept as an ordinary token
+    forced = run(min_tokens=max_tokens)  # EOS is never drawn: the original model's greedy responses
+    assert [r.response_ids for r in forced] == [r.response_ids for r in plain]
+    assert all(r.finish_reason == "length" for r in forced)
+    partly = run(min_tokens=3)[0]  # EOS banned for 3 tokens, then it wins again
+    assert partly.response_ids == (*plain[0].response_ids[:3], eos) and partly.finish_reason == "stop"
