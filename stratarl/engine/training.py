@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from stratarl.engine.data_parallel import DTYPES, DataParallel, clip_grad_norm
-from stratarl.engine.micro_batches import MicroBatching, model_inputs, plan_micro_batches
+from stratarl.engine.micro_batches import MicroBatching, model_device, model_inputs, plan_micro_batches
 from stratarl.engine.optim import build_lr_schedule, build_optimizer
 from stratarl.engine.packing import ModelInputs, padding_share
 from stratarl.engine.perf import ModelFlops, default_peak_flops, memory_metrics, mfu
@@ -99,6 +99,7 @@ class TrainingEngine:
         )
         self.flops = flops
         self.peak_flops = peak_flops
+        self.device = model_device(module)  # micro-batches and the loss's columns go there
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient norm
 
     def _forward(self, inputs: ModelInputs, *, with_entropy: bool) -> Any:
@@ -156,12 +157,15 @@ class TrainingEngine:
         self.optimizer.zero_grad(set_to_none=True)
         micro_metrics: dict[str, float] = defaultdict(float)
         for rows in plan_micro_batches(mini, self.batching, self.dp):
-            inputs = model_inputs(mini, rows or [0], self.batching.layout)
+            inputs = model_inputs(mini, rows or [0], self.batching.layout, self.device)
             scores = self._forward(inputs, with_entropy=with_entropy)
             if not rows:
                 self._zero_weight_pass(scores).backward()
                 continue
-            loss, metrics = loss_fn(mini.take(rows), scores, totals)
+            micro = mini.take(rows)
+            if micro["response_mask"].device != self.device:
+                micro = micro.to(self.device)
+            loss, metrics = loss_fn(micro, scores, totals)
             loss.backward()  # micro losses are globally normalised: their sum is the mini-batch loss
             for name, value in metrics.items():
                 micro_metrics[name] += float(value)

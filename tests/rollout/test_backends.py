@@ -1,8 +1,10 @@
 """The same rollout contract on every backend (torch always; vLLM under `make test-vllm`): log-probs equal a
 teacher-forced fp32 forward, per-request seeds reproduce, stop ids / stop strings / max tokens are
-honoured, the async API matches the batch API, and weight sync changes outputs and bumps the version."""
+honoured, ignore_eos / min_tokens force the length, the async API matches the batch API, weight sync
+changes outputs and bumps the version, and a LoRA policy syncs its adapter alone after the base."""
 
 import asyncio
+import copy
 import dataclasses
 
 import pytest
@@ -10,10 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stratarl.data.tiny_models import build_tiny_model
+from stratarl.engine.lora import apply_lora, base_state
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, SamplingParams
 from stratarl.rollout.torch_engine import TorchRolloutEngine
-from stratarl.rollout.weight_sync import WeightSyncError
+from stratarl.rollout.weight_sync import WeightSyncError, tensor_bytes
+from tests.rollout.test_adapter_sync import randomize_adapter, snapshot
 from tests.rollout.test_torch_engine import teacher_forced_log_probs
 
 CORPUS = [f"question {i}: what is {i} plus {i + 1}? the answer is {2 * i + 1}." for i in range(60)]
@@ -202,3 +206,35 @@ def test_ignore_eos_and_min_tokens_force_the_response_length(backend, model_dir,
     assert all(r.finish_reason == "length" for r in forced)
     partly = run(min_tokens=3)[0]  # EOS banned for 3 tokens, then it wins again
     assert partly.response_ids == (*plain[0].response_ids[:3], eos) and partly.finish_reason == "stop"
+
+
+def test_a_lora_policy_syncs_base_then_adapter_only_and_is_served_merged(backend, model_dir, tokenizer):
+    # last: it serves the adapted model. The first load brings the base weights and the adapter,
+    # later ones the adapter alone (A and B travel); the engine then generates as the merged model.
+    _, engine = backend
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy = apply_lora(copy.deepcopy(base), rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    greedy = [
+        GenerationRequest(f"l{i}", p, SamplingParams(temperature=0.0, max_tokens=8))
+        for i, p in enumerate(prompts(tokenizer))
+    ]
+    for step, seed in enumerate((1, 2)):
+        randomize_adapter(policy, seed=seed)  # a training step moved the adapter
+        update, merged = snapshot(policy)
+        first = step == 0
+        report = engine.load_adapter(
+            update,
+            engine.weight_version + 1,
+            base=base_state(policy.get_base_model().state_dict()) if first else None,
+        )
+        assert report.num_bytes == update.num_bytes + (tensor_bytes(merged) if first else 0)
+        served_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        served_model.load_state_dict(merged)
+        reference = TorchRolloutEngine(served_model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=0)
+        expected = reference.generate(greedy)
+        results = engine.generate(greedy)
+        assert [r.response_ids for r in results] == [r.response_ids for r in expected]
+        for got, want in zip(results, expected, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-3, rtol=0
+            )
