@@ -20,7 +20,7 @@ from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.queue_rows import QueueRows
 from stratarl.cluster.ranks import InProcessRanks, Ranks
 from stratarl.cluster.specs import CriticSpec
-from stratarl.cluster.worker_group import SCORING_COLUMNS, Deployment, set_threads
+from stratarl.cluster.worker_group import IN_PROCESS, SCORING_COLUMNS, Deployment, set_threads
 from stratarl.engine.training import LossFn
 from stratarl.transport.data_proto import DataProto
 
@@ -55,6 +55,12 @@ class CriticWorkerGroup:
     @property
     def size(self) -> int:
         return self.ranks.size
+
+    def placement(self) -> dict[str, list[str]]:
+        """{"critic": where each rank runs: Ray node ids, or this process}."""
+        if self.deployment is None:
+            return {"critic": [IN_PROCESS] * self.size}
+        return {"critic": list(self.deployment.nodes["critic"])}
 
     def local_worker(self) -> CriticWorker:
         """The `CriticWorker` of a one-rank in-process group, to look inside it (tests, notebooks)."""

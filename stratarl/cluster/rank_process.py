@@ -127,7 +127,7 @@ def start_ranks(
         pool, group, lambda rank: build, threads=threads, timeout_s=timeout_s, backend=backend
     )
     ranks = RayRanks(role, actors, timeout_s=timeout_s)
-    nodes = ranks.call_processes("init", RankProcess.node_id)
+    nodes = ranks.nodes = ranks.call_processes("init", RankProcess.node_id)
     ((address, port),) = ranks.call_processes(
         "init", RankProcess.rendezvous_address, len(set(nodes)) == 1, ranks=[0]
     )

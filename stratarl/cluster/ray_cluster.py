@@ -46,6 +46,7 @@ class RayDeployment:
 
     plan, placement_groups: the pools (each reserved as one placement group). timeout_s, threads:
     the call timeout and torch threads its processes were started with, for groups started beside it.
+    nodes: role -> the Ray node id of each of its processes (rank or replica order).
     """
 
     session: RaySession
@@ -57,6 +58,7 @@ class RayDeployment:
     storage: Any = None  # RayStorageUnits of the TransferQueue, or None
     owns_pools: bool = True
     stopped: bool = False
+    nodes: dict[str, list[str]] = field(default_factory=dict)
 
     def stop(self) -> None:
         if self.stopped or not ray.is_initialized():  # a cluster already ended holds nothing left

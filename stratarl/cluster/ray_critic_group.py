@@ -115,6 +115,7 @@ def _start(
     except BaseException:
         deployment.stop()
         raise
+    deployment.nodes["critic"] = ranks.nodes
     return CriticWorkerGroup(ranks, linear_coeff=linear_coeff, queue_rows=queue_rows, deployment=deployment)
 
 

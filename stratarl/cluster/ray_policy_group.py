@@ -86,8 +86,10 @@ def start_policy_group(
             timeout_s=call_timeout_s,
             backend=backend,
         )
+        deployment.nodes["actor"] = ranks.nodes
         replicas = ranks.actors if colocated else start_replicas(spec, deployment)
         engines = [RemoteReplica(actor, r, timeout_s=call_timeout_s) for r, actor in enumerate(replicas)]
+        deployment.nodes.setdefault("rollout", ranks.nodes)  # colocated: the ranks serve it
         rollout = RolloutReplicas(engines, pad_token_id=spec.pad_token_id)
         rollout.weight_version  # noqa: B018  waits until every engine has its model
         # Storage units hold memory, not compute (0 CPUs): the phases' rows live there.
@@ -120,5 +122,7 @@ def start_replicas(spec: PolicySpec, deployment: RayDeployment) -> list:
         timeout_s=deployment.timeout_s,
     )
     deployment.actors += actors
-    RayRanks("rollout", actors, timeout_s=deployment.timeout_s).call_processes("init", RankProcess.start)
+    replicas = RayRanks("rollout", actors, timeout_s=deployment.timeout_s)
+    replicas.call_processes("init", RankProcess.start)
+    deployment.nodes["rollout"] = replicas.call_processes("init", RankProcess.node_id)
     return actors

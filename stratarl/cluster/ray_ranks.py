@@ -43,6 +43,7 @@ class RayRanks:
         self.timeout_s, self.grace_s = timeout_s, grace_s
         self.traffic = ControllerTraffic()
         self.stopped: str | None = None  # why the group was stopped
+        self.nodes: list[str] = []  # the Ray node id of each rank, once started
 
     @property
     def size(self) -> int:

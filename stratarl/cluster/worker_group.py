@@ -37,9 +37,15 @@ SCORING_COLUMNS = MODEL_INPUTS
 
 class Deployment(Protocol):
     """What a group's processes were started with (Ray: the cluster connection, the reserved pools,
-    the replica and storage actors), released when the group shuts down."""
+    the replica and storage actors), released when the group shuts down; `nodes`: role -> the node
+    of each of its processes."""
+
+    nodes: dict[str, list[str]]
 
     def stop(self) -> None: ...
+
+
+IN_PROCESS = "this process"  # where an in-process group's roles run (`placement`)
 
 
 def set_threads(threads: int | None) -> None:
@@ -92,6 +98,12 @@ class PolicyWorkerGroup:
     @property
     def size(self) -> int:
         return self.ranks.size
+
+    def placement(self) -> dict[str, list[str]]:
+        """Role -> where each of its processes runs: Ray node ids (rank order), or this process."""
+        if self.deployment is None:
+            return {"actor": [IN_PROCESS] * self.size, "rollout": [IN_PROCESS] * len(self.engines.targets)}
+        return dict(self.deployment.nodes)
 
     def local_worker(self) -> PolicyWorker:
         """The `PolicyWorker` of a one-rank in-process group, to look inside it (tests, notebooks)."""

@@ -4,12 +4,13 @@
             -> advantage -> actor update -> weight sync
 
 Every phase is a function in `phases`, timed under verl's `timing_s/<phase>` names. The run
-directory receives the resolved config, metrics.jsonl, trajectories.jsonl, validation generations,
-the final HF-loadable weights and a PNG of the learning curves.
+directory receives the resolved config, where the roles run (placement.json), metrics.jsonl,
+trajectories.jsonl, validation generations, the final HF-loadable weights and a PNG of the curves.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from functools import partial
@@ -126,6 +127,7 @@ class RLTrainer:
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
         save_resolved_config(self.cfg, self.run_dir)
+        self.save_placement()
         start, run_start = self.resume(), time.perf_counter()
         last_val: dict[str, float] = self.last_val
         if (
@@ -155,6 +157,11 @@ class RLTrainer:
         plot_learning_curves(self.log.history, self.run_dir / "curves.png")
         self._print_summary(start, time.perf_counter() - run_start)
         return last_val
+
+    def save_placement(self) -> None:
+        """placement.json: where each role's processes run (Ray node ids, rank order)."""
+        placement = self.worker.placement() | (self.critic.placement() if self.critic is not None else {})
+        (self.run_dir / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
 
     # --- checkpoint and resume -------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
