@@ -47,7 +47,8 @@ class RolloutConfig:
 
     backend: str = setting(
         "torch",
-        "inference engine that generates",
+        "inference engine that generates, in every placement: torch, or vllm (needs vLLM installed: "
+        "`make test-vllm` builds .venv-vllm); sglang is not available in this build",
         verl=f"{ARF}.rollout.name",
         choices=("torch", "vllm", "sglang"),
     )
