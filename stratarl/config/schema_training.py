@@ -63,7 +63,8 @@ class RolloutConfig:
     )
     trajectories_per_generate_batch: int = setting(
         64,
-        "trajectories decoded together by the rollout engine (bounds KV-cache memory); 0: all at once",
+        "trajectories decoded together by the rollout engine (bounds KV-cache memory); 0: no bound "
+        "(torch decodes all at once, vLLM keeps its default of 256)",
     )
     ignore_eos: bool = setting(
         False,

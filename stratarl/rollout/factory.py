@@ -21,6 +21,8 @@ from torch import nn
 from stratarl.engine.hf_models import DTYPES, ModelSpec, load_causal_lm
 from stratarl.rollout.interface import RolloutEngine
 
+UNBOUNDED_SEQS = 1_000_000  # "no bound" for the torch engine's running batch
+
 
 @dataclass(frozen=True)
 class RolloutEngineSpec:
@@ -28,14 +30,15 @@ class RolloutEngineSpec:
 
     backend: a key of `ROLLOUT_BACKENDS`. dtype: of the served weights (None: the model's).
     seed: of the engine's shared generator (replica r uses seed + r). max_num_seqs: sequences decoded
-    together. max_model_len: prompt + response tokens a sequence may reach (vLLM sizes its KV cache
-    by it; the torch engine caps responses at the model's own context).
+    together (None: the torch engine takes all at once; vLLM, which preallocates per sequence, keeps
+    `VllmRolloutEngine`'s default of 256). max_model_len: prompt + response tokens a sequence may
+    reach (vLLM sizes its KV cache by it; the torch engine caps responses at the model's context).
     """
 
     backend: str = "torch"
     dtype: str | None = None
     seed: int = 0
-    max_num_seqs: int = 256
+    max_num_seqs: int | None = 256
     max_model_len: int = 2048
 
     def __post_init__(self) -> None:
@@ -65,7 +68,7 @@ def build_torch_engine(
         eos_token_ids=list(eos_token_ids),
         pad_token_id=pad_token_id,
         seed=spec.seed + replica_id,
-        max_num_seqs=spec.max_num_seqs,
+        max_num_seqs=spec.max_num_seqs or UNBOUNDED_SEQS,
         replica_id=replica_id,
     )
 
@@ -82,15 +85,16 @@ def build_vllm_engine(
     """`VllmRolloutEngine` over the model directory (vLLM loads and lays out the weights itself)."""
     from stratarl.rollout.vllm_engine import VllmRolloutEngine  # imports vllm: only when chosen
 
+    limits = {} if spec.max_num_seqs is None else {"max_num_seqs": spec.max_num_seqs}
     return VllmRolloutEngine(
         model.path,
         eos_token_ids=list(eos_token_ids),
         dtype=spec.dtype or model.dtype,
         seed=spec.seed + replica_id,
         max_model_len=spec.max_model_len,
-        max_num_seqs=spec.max_num_seqs,
         replica_id=replica_id,
         trust_remote_code=model.trust_remote_code,
+        **limits,
     )
 
 

@@ -123,7 +123,7 @@ def rollout_engine_spec(cfg: RunConfig) -> RolloutEngineSpec:
     return RolloutEngineSpec(
         backend=r.backend,
         seed=cfg.trainer.seed,
-        max_num_seqs=r.trajectories_per_generate_batch or 1_000_000,
+        max_num_seqs=r.trajectories_per_generate_batch or None,  # 0: no bound of ours
         max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,  # P + T
     )
 
