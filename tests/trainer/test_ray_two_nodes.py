@@ -1,5 +1,8 @@
 """cluster.address for real: a two-node Ray cluster on this machine, started with the commands of
-docs/architecture.md (loopback only, one CPU per node), runs GRPO steps with a training rank on each node."""
+docs/architecture.md (loopback only, one CPU per node), runs GRPO steps with a training rank on each node.
+
+Ray replaces a node address of 127.0.0.1 by the machine's outward address, so the nodes take two other
+loopback addresses, 127.0.0.2 and 127.0.0.3; the test checks that every socket they listen on is one."""
 
 from __future__ import annotations
 
@@ -106,25 +109,31 @@ def wait_for_nodes(address: str, count: int, timeout_s: float = 90.0) -> None:
         "    if time.monotonic() > deadline: sys.exit(f'nodes: {ray.nodes()}')\n"
         "    time.sleep(0.5)\n"
     )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=timeout_s + 30)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s + 30
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 @pytest.fixture
 def two_nodes(tmp_path):
     """A head and a second node, one CPU each, on 127.0.0.1 with private temp dirs; torn down always."""
     port, temp = free_port(), Path(tempfile.mkdtemp(prefix="srl-2n-", dir="/tmp"))  # short socket paths
-    values = {"head_ip": "127.0.0.1", "node_ip": "127.0.0.1", "port": port, "cpus": 1}
+    values = {"head_ip": "127.0.0.2", "node_ip": "127.0.0.3", "port": port, "cpus": 1}
     nodes = []
     try:
         private = ["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp / 'head'}"]
         nodes.append(
             LocalNode(HEAD.format(**values), [*private, *agent_ports()], tmp_path / "head.log", temp)
         )
-        wait_for_nodes(f"127.0.0.1:{port}", 1)
+        wait_for_nodes(f"127.0.0.2:{port}", 1)
         second = ["--disable-usage-stats", f"--temp-dir={temp / 'node'}", *agent_ports()]
         nodes.append(LocalNode(NODE.format(**values), second, tmp_path / "node.log", temp))
-        wait_for_nodes(f"127.0.0.1:{port}", 2)
+        wait_for_nodes(f"127.0.0.2:{port}", 2)
         yield values
+        pids = [pid for node in nodes for pid in [node.process.pid, *descendants(node.process.pid)]]
+        outward = [a for a in listening_addresses(pids) if not a.startswith("127.")]
+        assert not outward, f"the nodes listen beyond loopback: {outward}"
     finally:
         for node in reversed(nodes):
             node.stop()
@@ -134,6 +143,31 @@ def two_nodes(tmp_path):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(temp, ignore_errors=True)
         assert not left, f"Ray processes outlived their node: {left}"
+
+
+def listening_addresses(pids: list[int]) -> list[str]:
+    """The local addresses of the TCP sockets `pids` listen on (/proc/net/tcp and tcp6)."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    addresses = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            host, port = local.split(":")
+            if table == "tcp":
+                ip = ".".join(str(int(host[i : i + 2], 16)) for i in (6, 4, 2, 0))
+            else:  # ::1 is loopback; anything else is reported by its raw form
+                ip = "127.0.0.1" if host == "00000000000000000000000001000000" else f"[{host}]"
+            addresses.append(f"{ip}:{int(port, 16)}")
+    return addresses
 
 
 def leftovers(temp: Path) -> list[int]:
