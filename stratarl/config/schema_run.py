@@ -89,7 +89,8 @@ class ClusterConfig:
     backend: str = setting("in-process", "how workers are hosted", choices=("in-process", "ray"))
     device: str = setting(
         "auto",
-        "device of models: auto picks cuda when available",
+        "where models and batches are placed; auto: cuda when this process sees CUDA (in-process) or "
+        "the training workers reserve GPUs (ray), else cpu; cuda without CUDA is refused",
         verl="trainer.device",
         choices=("auto", "cpu", "cuda"),
     )
@@ -97,7 +98,9 @@ class ClusterConfig:
         None, "CPUs given to Ray; null: all visible", verl="ray_kwargs.ray_init.num_cpus"
     )
     threads_per_worker: int | None = setting(
-        None, "torch intra-op threads per worker process; null: leave torch's default"
+        None,
+        "torch intra-op threads of each worker process (in-process: of this process); null: torch's "
+        "default in-process, the worker's CPU share on Ray",
     )
     address: str | None = setting(
         None,

@@ -15,6 +15,7 @@ from typing import Any
 
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
+from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems
 from stratarl.config.schema_observe import observe_problems
 from stratarl.config.schema_run import RunConfig
@@ -36,6 +37,7 @@ RANGES: dict[str, Rule] = {
     "rollout.top_p": PROBABILITY_MASS,
     "rollout.top_k": ALL_OR_POSITIVE,
     "rollout.trajectories_per_generate_batch": NON_NEGATIVE,
+    "rollout.min_response_tokens": NON_NEGATIVE,
     "rollout.val_kwargs.n": POSITIVE,
     "rollout.val_kwargs.temperature": NON_NEGATIVE,
     "rollout.val_kwargs.top_p": PROBABILITY_MASS,
@@ -101,6 +103,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *_range_problems(cfg),
         *_combination_problems(cfg),
         *_engine_problems(cfg),
+        *runtime_problems(cfg),
         *agent_problems(cfg.agent, adv_estimator=cfg.algorithm.adv_estimator, check_paths=check_paths),
         *observe_problems(cfg.trace, cfg.watchdog),
         *(_path_problems(cfg) if check_paths else []),

@@ -26,7 +26,7 @@ from stratarl.rollout.engine_loop import Finished
 from stratarl.rollout.interface import FinishReason, GenerationRequest, GenerationResult
 from stratarl.rollout.kv_cache import PrefillCache, SlotKVCache
 from stratarl.rollout.prefix_store import Prefix, PrefixStore
-from stratarl.rollout.sampling import RowSampling, draw_uniforms, next_tokens
+from stratarl.rollout.sampling import RowSampling, banned_tokens, draw_uniforms, next_tokens
 from stratarl.rollout.stopping import StopRule
 
 
@@ -209,7 +209,10 @@ class EngineCore:
     def _sample_and_retire(self) -> tuple[Tensor, Finished]:
         sampling = RowSampling.from_params([r.request.sampling for r in self.rows], self.device)
         uniforms = draw_uniforms([r.generator for r in self.rows], self.shared_generator, self.device)
-        tokens, log_probs = next_tokens(self.logits, sampling, uniforms)  # [n], [n]
+        banned = banned_tokens(  # stop ids of rows short of their min_tokens
+            [r.rule.banned_ids(len(r.tokens)) for r in self.rows], self.logits.shape[-1], self.device
+        )
+        tokens, log_probs = next_tokens(self.logits, sampling, uniforms, banned)  # [n], [n]
         done: list[int] = []
         finished: Finished = []
         for i, (row, token, log_prob) in enumerate(

@@ -29,7 +29,7 @@ from stratarl.agent.tool_loop import LoopLimits
 from stratarl.agent.tools.base import Tool
 from stratarl.agent.tools.registry import load_tools
 from stratarl.agent.trajectory import Trajectory
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import PolicyHandle
 from stratarl.config import ConfigError, RunConfig
 from stratarl.config.schema_agent import agent_problems
 from stratarl.data.prompt_dataset import PromptDataset
@@ -65,14 +65,14 @@ class AgentRollout:
     reward_timeout_s: float = 10.0
     _pool: ScoringPool | None = field(default=None, repr=False)
 
-    def runner(self, worker: PolicyWorker) -> AgentLoopRunner:
+    def runner(self, worker: PolicyHandle) -> AgentLoopRunner:
         """A runner on the worker's rollout engine (it serves the weights of the last sync)."""
         return AgentLoopRunner(
             worker.rollout, self.renderer, self.limits, self.tools, self.interactions, self.default_agent
         )
 
     def run(
-        self, worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, seed: int | None
+        self, worker: PolicyHandle, batch: DataProto, sampling: SamplingParams, seed: int | None
     ) -> tuple[list[Trajectory], RewardResult | None]:
         """One finished trajectory per row, and their rewards when scored while generating."""
         rows = episode_rows(batch)
@@ -87,7 +87,7 @@ class AgentRollout:
         return trajectories, scorer.result()
 
     def generate(
-        self, worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, *, seed: int | None
+        self, worker: PolicyHandle, batch: DataProto, sampling: SamplingParams, *, seed: int | None
     ) -> tuple[DataProto, dict[str, float]]:
         """The rollout phase for N rows: (batch with the rollout fields, agent and reward metrics)."""
         trajectories, scored = self.run(worker, batch, sampling, seed)

@@ -2,7 +2,7 @@
 
 Each phase reads named fields of the batch, checks them against their contracts, computes, and
 returns the batch with the fields it writes (checked too). Workers are reached through the
-`PolicyWorker` handle; the math comes from `algo/`.
+`PolicyHandle` / `CriticHandle` (`cluster/handles.py`); the math comes from `algo/`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import torch
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
-from stratarl.cluster.critic_worker import CriticWorker
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import CriticHandle, PolicyHandle
 from stratarl.reward.batch_scorer import RewardResult, score_batch
 from stratarl.reward.token_scores import place_on_last_token
 from stratarl.rollout.interface import SamplingParams
@@ -41,7 +40,7 @@ def expand_prompts(prompts: DataProto, n: int, uid_prefix: int | str) -> DataPro
     return batch
 
 
-def generate(worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, seed: int | None) -> DataProto:
+def generate(worker: PolicyHandle, batch: DataProto, sampling: SamplingParams, seed: int | None) -> DataProto:
     """Rollout: one response per session, token-in/token-out, with the weight version that made it."""
     generated = worker.generate(batch, sampling, seed=seed)
     batch = batch.union(generated)
@@ -90,7 +89,7 @@ def reward_extra_columns(result: RewardResult, batch: DataProto) -> dict[str, to
     return columns
 
 
-def old_log_prob(worker: PolicyWorker, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
+def old_log_prob(worker: PolicyHandle, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
     """log π_old of every response token under the weights that are about to be updated (and Σ_v π²,
     for the optimal-token-baseline estimators, from the same forward)."""
     validate(
@@ -104,14 +103,14 @@ def old_log_prob(worker: PolicyWorker, batch: DataProto, *, with_sum_pi_squared:
     return batch
 
 
-def ref_log_prob(worker: PolicyWorker, batch: DataProto) -> DataProto:
+def ref_log_prob(worker: PolicyHandle, batch: DataProto) -> DataProto:
     """log π_ref of every response token under the frozen reference policy."""
     batch = batch.union(worker.compute_ref_log_prob(batch))
     validate(batch, writes=["ref_log_prob"], phase="reference.log_prob")
     return batch
 
 
-def values(critic: CriticWorker, batch: DataProto) -> DataProto:
+def values(critic: CriticHandle, batch: DataProto) -> DataProto:
     """V(s_t) of every response token under the critic, before its update (`values`)."""
     validate(batch, reads=["input_ids", "attention_mask", "position_ids", "responses"], phase="critic.value")
     batch = batch.union(critic.compute_values(batch))
@@ -159,7 +158,7 @@ def advantage(
 
 
 def update_actor(
-    worker: PolicyWorker,
+    worker: PolicyHandle,
     batch: DataProto,
     loss_fn: Any,
     *,
@@ -184,7 +183,7 @@ def update_actor(
 
 
 def update_critic(
-    critic: CriticWorker,
+    critic: CriticHandle,
     batch: DataProto,
     loss_fn: Any,
     *,
@@ -201,7 +200,7 @@ def update_critic(
     return {name if "/" in name else f"critic/{name}": value for name, value in metrics.items()}
 
 
-def sync_weights(worker: PolicyWorker) -> dict[str, float]:
+def sync_weights(worker: PolicyHandle) -> dict[str, float]:
     """Actor -> rollout engine, version + 1; the engine reports what it loaded."""
     report = worker.sync_weights()
     return {

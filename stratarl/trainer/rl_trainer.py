@@ -5,13 +5,15 @@
 
 Every phase is a function in `phases`, run under `observe.PhaseMonitor` (timed under verl's
 `timing_s/<phase>` names, its memory peak, its watchdog deadline) and followed by the trace fields
-it knows (`tracing.StepTracer`). The run directory receives the resolved config, metrics.jsonl,
-trajectories.jsonl, traces/ (`stratarl trace`), validation generations, the final HF-loadable
-weights and PNGs of the run's curves (`stratarl plot`); hang/ when a deadline passed.
+it knows (`tracing.StepTracer`). The run directory receives the resolved config, where the roles
+run (placement.json), metrics.jsonl, trajectories.jsonl, traces/ (`stratarl trace`), validation
+generations, the final HF-loadable weights and PNGs of the run's curves (`stratarl plot`); hang/
+when a deadline passed.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from contextlib import ExitStack
@@ -156,6 +158,7 @@ class RLTrainer:
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
         save_resolved_config(self.cfg, self.run_dir)
+        self.save_placement()
         start, run_start = self.resume(), time.perf_counter()
         t = self.cfg.trainer
         self.log.attach(
@@ -198,6 +201,11 @@ class RLTrainer:
         plot_run(self.log.history, self.run_dir / "plots")
         self._print_summary(start, time.perf_counter() - run_start)
         return last_val
+
+    def save_placement(self) -> None:
+        """placement.json: where each role's processes run (Ray node ids, rank order)."""
+        placement = self.worker.placement() | (self.critic.placement() if self.critic is not None else {})
+        (self.run_dir / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
 
     # --- checkpoint and resume -------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.rollout_correction import rollout_correction
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import PolicyHandle
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.field_checks import validate
@@ -46,7 +46,7 @@ def keep_groups_with_signal(batch: DataProto, metric: str) -> tuple[DataProto, i
 
 
 def greedy_baselines(
-    worker: PolicyWorker, batch: DataProto, n: int, sampling: SamplingParams, score_fn: Any
+    worker: PolicyHandle, batch: DataProto, n: int, sampling: SamplingParams, score_fn: Any
 ) -> DataProto:
     """ReMax: one greedy response per prompt, scored; its score is the baseline b of all n samples."""
     first_of_group = batch.take(torch.arange(0, len(batch), n))

@@ -8,6 +8,7 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any
 import torch
 
 from stratarl.algo.aggregation import aggregate_loss
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import PolicyHandle
+from stratarl.cluster.specs import ActorSpec, BatchingSpec, OptimizerSettings
+from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig, save_resolved_config
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
@@ -75,29 +78,30 @@ def sft_examples(
     return DataProto.from_dict({k: columns[k] for k in MODEL_COLUMNS})
 
 
-def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker:
+def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorkerGroup:
+    """The policy of the RL run (model, device, precision, rollout engine) with the sft.* optimizer
+    and micro-batching: no reference and no LoRA; log-probs at temperature 1 (the NLL)."""
     s = cfg.sft
-    return PolicyWorker(
-        model_path=cfg.model.path,
-        eos_token_ids=builders.eos_token_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        dtype=cfg.model.dtype,
-        rollout_seed=cfg.trainer.seed,
-        actor_kwargs={
-            "lr": s.lr,
-            "micro_batch_size": s.trajectories_per_micro_batch,
-            "weight_decay": s.weight_decay,
-            "grad_clip": s.grad_clip,
-            "lr_schedule": s.lr_schedule,
-            "warmup_steps": s.warmup_steps,
-            "total_steps": total_steps,
-            "min_lr_ratio": s.min_lr_ratio,
-        },
+    optimizer = OptimizerSettings(
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+        grad_clip=s.grad_clip,
+        lr_schedule=s.lr_schedule,
+        warmup_steps=s.warmup_steps,
+        total_steps=total_steps,
+        min_lr_ratio=s.min_lr_ratio,
     )
+    spec = dataclasses.replace(
+        builders.policy_spec(cfg, tokenizer, total_steps=total_steps),
+        actor=ActorSpec(optimizer, BatchingSpec(s.trajectories_per_micro_batch), temperature=1.0),
+        reference=None,
+        lora=None,
+    )
+    return PolicyWorkerGroup.in_process(spec, threads=cfg.cluster.threads_per_worker)
 
 
 def run_sft(
-    worker: PolicyWorker,
+    worker: PolicyHandle,
     dataset: PromptDataset,
     tokenizer: Any,
     *,

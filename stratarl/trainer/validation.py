@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from stratarl.algo.validation_stats import process_validation_metrics
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import PolicyHandle
 from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.reward.batch_scorer import RewardResult
@@ -27,7 +27,7 @@ CORE_METRIC_PREFIXES = ("mean@", "maj@", "best@", "pass@")
 
 
 def run_validation(
-    worker: PolicyWorker,
+    worker: PolicyHandle,
     dataset: PromptDataset,
     *,
     tokenizer: Any,
@@ -82,7 +82,7 @@ class ValidationTally:
 
 
 def evaluate_accuracy(
-    worker: PolicyWorker, cfg: RunConfig, tokenizer: Any, dataset: PromptDataset, step: int
+    worker: PolicyHandle, cfg: RunConfig, tokenizer: Any, dataset: PromptDataset, step: int
 ) -> tuple[float, dict[str, float]]:
     """(mean accuracy over data sources, all validation metrics) with the run's validation sampling."""
     n = cfg.rollout.val_kwargs.n

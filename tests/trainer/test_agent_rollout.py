@@ -72,9 +72,9 @@ def task(tmp_path_factory):
 def test_two_grpo_steps_run_episodes_with_tool_calls_and_record_them(task, tmp_path):
     trainer = RLTrainer(tool_config(task), tmp_path / "run")
     assert trainer.agent is not None and "calculator" in trainer.agent.tools
-    before = {k: v.clone() for k, v in trainer.worker.actor.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.worker.local_worker().actor.model.state_dict().items()}
     last_val = trainer.fit()
-    after = trainer.worker.actor.model.state_dict()
+    after = trainer.worker.local_worker().actor.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
 
     train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "train"]
@@ -128,11 +128,15 @@ def test_tool_tokens_have_mask_zero_and_no_log_prob(task):
     assert observed > 0
     # the logged rollout log-probs are those of the sampled tokens: a teacher-forced forward agrees
     with torch.no_grad():
-        logits = worker.rollout.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits.float()
+        logits = (
+            worker.local_worker()
+            .rollout.model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"],
+            )
+            .logits.float()
+        )
     P, T = batch["prompts"].shape[1], batch["responses"].shape[1]
     log_softmax = torch.log_softmax(logits[:, P - 1 : P + T - 1], -1)  # [N, T, V]
     forward = log_softmax.gather(-1, batch["responses"][..., None])[..., 0]

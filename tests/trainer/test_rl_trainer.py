@@ -35,10 +35,10 @@ def small_config(task, *extra):
 
 def test_three_grpo_steps_train_log_and_save_a_reloadable_model(task, tmp_path):
     trainer = RLTrainer(small_config(task), tmp_path / "run")
-    before = {k: v.clone() for k, v in trainer.worker.actor.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.worker.local_worker().actor.model.state_dict().items()}
     last_val = trainer.fit()
 
-    after = trainer.worker.actor.model.state_dict()
+    after = trainer.worker.local_worker().actor.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
     assert trainer.worker.weight_version == 3  # one sync per step
 
