@@ -29,7 +29,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "stratarl_varlen_sdpa"
-FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 
 
 def row_bounds(query: Tensor, kwargs: dict) -> list[int]:
