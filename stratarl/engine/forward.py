@@ -3,9 +3,10 @@
 `PolicyScorer` wraps a causal LM: log π(y_t | x, y_<t) and the entropy of π at each response token,
 under the sampling temperature τ (logits ÷ τ over the full vocabulary, no top-k/top-p: the same
 definition the rollout engine uses), with the model's own logit transform (`logit_transform`).
-`ValueScorer` wraps a token-classification model with one label: V(s_t) at the same positions. Both are `nn.Module`s whose forward runs the model body on
-`ModelInputs` (packed or padded) and the head only on the K scored positions, so a data-parallel
-wrapper (FSDP2's `fully_shard`) can take the scorer as its root module.
+`ValueScorer` wraps a token-classification model with one label: V(s_t) at the same positions.
+Both are `nn.Module`s whose forward runs the model body on `ModelInputs` (packed or padded) and the
+head only on the K scored positions, so a data-parallel wrapper (FSDP2's `fully_shard`) can take
+the scorer as its root module.
 """
 
 from __future__ import annotations
