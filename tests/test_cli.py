@@ -14,6 +14,7 @@ from stratarl.cli import main
         ["sft"],
         ["data", "make", "arithmetic"],
         ["data", "make", "tool_arithmetic"],
+        ["model", "import-gguf"],
     ],
 )
 def test_every_subcommand_has_help(command, capsys):

@@ -164,7 +164,7 @@ class Actor(TrainingEngine):
             optim=optim,
             batching=_batching(lm, micro_batch_size, max_tokens_per_micro_batch, layout),
             dp=dp,
-            flops=ModelFlops.from_config(lm.config),
+            flops=ModelFlops.from_model(lm, lm.get_output_embeddings()),
             peak_flops=peak_flops,
         )
 

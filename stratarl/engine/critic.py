@@ -109,7 +109,7 @@ class Critic(TrainingEngine):
             optim=optim,
             batching=batching,
             dp=dp,
-            flops=ModelFlops.from_config(config, head_outputs=1),
+            flops=ModelFlops.from_model(value_model, value_model.score, head_outputs=1),
             peak_flops=peak_flops,
         )
 
