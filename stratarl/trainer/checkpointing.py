@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from stratarl.cluster.run_checkpoint import RunCheckpoint
+from stratarl.observe.run_log import replace_atomically
 
 CHECKPOINT_DIR = "checkpoints"
 LOG_FILES = ("metrics.jsonl", "trajectories.jsonl")
@@ -61,22 +62,26 @@ def load_resume_point(checkpoint: RunCheckpoint, *, mode: str, resume_from_path:
 
 def truncate_logs(run_dir: Path, step: int) -> list[dict[str, Any]]:
     """Drop the records of steps after `step` (written before the run stopped, after its last
-    checkpoint) from the run's JSONL logs; returns the kept metrics records."""
+    checkpoint) from the run's JSONL logs; returns the kept metrics records.
+
+    Each log is streamed into a file beside it and renamed over it (`replace_atomically`): a kill
+    at any moment of the rewrite leaves the whole old log or the whole new one, never a part (the
+    old `write_text` truncated a 150 MB log to 0 bytes when killed while writing)."""
     kept_metrics: list[dict[str, Any]] = []
     for name in LOG_FILES:
         path = run_dir / name
         if not path.is_file():
             continue
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by the kill
-                continue
-            if int(record.get("step", 0)) <= step:
-                kept.append(line)
-                if name == "metrics.jsonl":
-                    kept_metrics.append(record)
-        path.write_text("".join(line + "\n" for line in kept))
+        with path.open() as source, replace_atomically(path) as out:
+            for line in source:
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by the kill
+                    continue
+                if int(record.get("step", 0)) <= step:
+                    out.write(line if line.endswith("\n") else line + "\n")
+                    if name == "metrics.jsonl":
+                        kept_metrics.append(record)
     return kept_metrics
