@@ -10,6 +10,7 @@ the final HF-loadable weights and a PNG of the learning curves.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from functools import partial
@@ -25,16 +26,17 @@ from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.value_loss import explained_variance
 from stratarl.cluster.run_checkpoint import RunCheckpoint
-from stratarl.config import BatchPlan, RunConfig, save_resolved_config, validate_config
+from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
 from stratarl.observe.plots import plot_learning_curves
-from stratarl.observe.run_log import RunLog
+from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.observe.timing import timed, timing_metrics
-from stratarl.trainer import agent_rollout, builders, checkpointing, phases, sampling_phases
+from stratarl.trainer import agent_rollout, builders, checkpointing, phases, preflight, sampling_phases
 from stratarl.trainer.agent_validation import run_agent_validation
-from stratarl.trainer.run_summary import summary_rows
-from stratarl.trainer.validation import run_validation
+from stratarl.trainer.run_directory import RunDirectoryError, RunLock, claim_run_directory
+from stratarl.trainer.run_summary import summary_record, summary_rows
+from stratarl.trainer.validation import clipping_warning, run_validation
 from stratarl.transport.data_proto import DataProto
 
 LOW_SIGNAL_SHARE = 0.1  # warn when fewer groups than this carry any reward variance
@@ -66,19 +68,21 @@ class RLTrainer:
         validate_config(cfg)
         seed_everything(cfg.trainer.seed)
         self.cfg = cfg
-        self.log = RunLog(run_dir, console=console)
-        self.run_dir = self.log.run_dir
+        lock = RunLock(run_dir).acquire()  # a second writer is refused before anything loads
+        try:
+            self._set_up(cfg, lock, console or Console())
+        except BaseException:
+            lock.release()
+            raise
+
+    def _set_up(self, cfg: RunConfig, lock: RunLock, console: Console) -> None:
+        self.compute_score = preflight.reward_function(cfg)  # its file and name, before any data loads
         self.tokenizer = builders.load_tokenizer(cfg)
         d = cfg.data
-        self.train_set = builders.load_prompts(
-            d.train_files, self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=d.max_train_prompts
-        )
-        self.val_set = (
-            builders.load_prompts(
-                d.val_files, self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=d.max_val_prompts
-            )
-            if d.val_files
-            else None
+        self.train_set = preflight.load_split(cfg, "data.train_files", self.tokenizer)
+        self.val_set = preflight.load_split(cfg, "data.val_files", self.tokenizer) if d.val_files else None
+        preflight.check_data_sources(
+            self.compute_score, {"data.train_files": self.train_set, "data.val_files": self.val_set}
         )
         if cfg.agent.enable:  # each row's agent loop (agent_name) must exist
             agent_rollout.check_agent_names(self.train_set, self.val_set)
@@ -89,11 +93,21 @@ class RLTrainer:
         self.total_steps = (
             cfg.trainer.total_steps or cfg.trainer.total_epochs * self.sampler.batches_per_epoch
         )
+        # The run directory: continue the run there, begin one, or refuse (run_directory docstring).
+        self.claim = claim_run_directory(lock, cfg, total_steps=self.total_steps, console=console)
+        try:
+            self._build(cfg, console)
+        except BaseException:
+            self.claim.release()
+            raise
+
+    def _build(self, cfg: RunConfig, console: Console) -> None:
+        self.log = RunLog(self.claim.run_dir, console=console)
+        self.run_dir = self.log.run_dir
         self.loss_fn = builders.build_actor_loss(cfg)
         self.value_loss = builders.build_value_loss(cfg)
         self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
         self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
-        self.compute_score = builders.build_compute_score(cfg)
         # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
         self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer, self.compute_score)
         self.sampling = builders.train_sampling(cfg)
@@ -106,8 +120,13 @@ class RLTrainer:
             policy=self.worker,
             critic=self.critic,
             max_to_keep=cfg.trainer.max_checkpoints_to_keep,
+            lineage=self.claim.run_id,
         )
         self.last_val: dict[str, float] = {}
+
+    def close(self) -> None:
+        """Release the run directory without training (`fit` releases it when it ends)."""
+        self.claim.release()
 
     # ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -122,10 +141,10 @@ class RLTrainer:
                     self.critic.shutdown()
             finally:
                 self.worker.shutdown()
+                self.claim.release()
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
-        save_resolved_config(self.cfg, self.run_dir)
         start, run_start = self.resume(), time.perf_counter()
         last_val: dict[str, float] = self.last_val
         if (
@@ -135,6 +154,7 @@ class RLTrainer:
         ):
             last_val = self.validate(step=0)
         if self.cfg.trainer.val_only:
+            self.claim.record_finish(start)
             return last_val
         columns = (*Progress.get_default_columns(), TimeElapsedColumn())
         with Progress(*columns, console=self.log.console, transient=True) as progress:
@@ -153,7 +173,8 @@ class RLTrainer:
         self.worker.save_pretrained(self.run_dir / "final")
         self.tokenizer.save_pretrained(self.run_dir / "final")
         plot_learning_curves(self.log.history, self.run_dir / "curves.png")
-        self._print_summary(start, time.perf_counter() - run_start)
+        self._write_summary(start, time.perf_counter() - run_start)
+        self.claim.record_finish(self.total_steps)
         return last_val
 
     # --- checkpoint and resume -------------------------------------------------------------------
@@ -170,10 +191,29 @@ class RLTrainer:
         self.log.console.print(f"[dim]checkpoint: {path}[/dim]")
 
     def resume(self) -> int:
-        """Restore the checkpoint trainer.resume_mode selects; returns the step to continue after."""
-        t = self.cfg.trainer
-        point = checkpointing.load_resume_point(
-            self.checkpoints, mode=t.resume_mode, resume_from_path=t.resume_from_path
+        """Restore the checkpoint the run directory's claim accepted (the newest complete one, or
+        trainer.resume_from_path); returns the step to continue after. The start is recorded
+        (config.yaml, run.json) only once that succeeded."""
+        point = None
+        if self.claim.resume:
+            mode = "resume_path" if self.claim.resume_from else "auto"
+            point = checkpointing.load_resume_point(
+                self.checkpoints, mode=mode, resume_from_path=self.claim.resume_from
+            )
+            if point is None:
+                raise RunDirectoryError(
+                    f"{self.checkpoints.root} holds no complete checkpoint to resume from (see the "
+                    "warnings above); choose another trainer.experiment_name, or trainer.overwrite=true"
+                )
+            lineage = point.trainer_state.get("lineage")
+            if "forked_from" not in self.claim.record and lineage not in (None, self.claim.run_id):
+                raise RunDirectoryError(
+                    f"checkpoint {point.path} was written by another run (lineage {lineage}, this run is "
+                    f"{self.claim.run_id}); it was copied in from elsewhere. Resume it from its own run "
+                    "directory, or start from it with trainer.resume_mode=resume_path in a new one"
+                )
+        self.claim.record_start(
+            self.cfg, point.step if point else 0, point.path if point else None, self.log.console
         )
         if point is None:
             return 0
@@ -191,13 +231,18 @@ class RLTrainer:
         )
         return point.step
 
-    def _print_summary(self, start: int, seconds: float) -> None:
+    def _write_summary(self, start: int, seconds: float) -> None:
+        """The run summary, printed as a table and written to run_dir/summary.json."""
         where = {
-            "final weights": str(self.run_dir / "final"),
-            "checkpoints": str(self.checkpoints.root) if self.checkpoints.steps() else "none",
+            "run directory": str(self.run_dir.absolute()),
+            "final weights": str((self.run_dir / "final").absolute()),
+            "checkpoints": str(self.checkpoints.root.absolute()) if self.checkpoints.steps() else "none",
         }
         rows = summary_rows(self.log.history, self.last_val, where, start, self.total_steps, seconds)
         self.log.print_table("run summary", rows)
+        write_atomically(
+            self.run_dir / "summary.json", json.dumps(summary_record(rows, self.last_val), indent=2) + "\n"
+        )
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timings = self.cfg, {}
@@ -382,4 +427,7 @@ class RLTrainer:
         RunLog.write_jsonl(self.run_dir / "val_generations" / f"step_{step}.jsonl", records)
         core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
         self.log.console.print(f"[bold cyan]validation @ step {step}[/bold cyan] {core}")
+        warning = clipping_warning(metrics, self.cfg.rollout.max_response_tokens)
+        if warning:
+            self.log.console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
         return metrics

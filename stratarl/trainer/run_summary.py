@@ -1,4 +1,5 @@
-"""Layer 2, control flow: the table printed at the end of a run — what ran, where it went, how it ended."""
+"""Layer 2, control flow: the summary of a run — what ran, where it went, how it ended — printed as a
+table at the end and written to summary.json."""
 
 from __future__ import annotations
 
@@ -33,3 +34,8 @@ def summary_rows(
         rows |= {f"{k} per step": sum(r.get(k, 0.0) for r in train) / len(train) for k in TRAFFIC_METRICS}
     rows |= {k: v for k, v in last_val.items() if k.startswith("val-core/")}
     return rows
+
+
+def summary_record(rows: Mapping[str, Any], last_val: Mapping[str, float]) -> dict[str, Any]:
+    """What `summary.json` holds: the summary rows, and every metric of the last validation."""
+    return {**rows, "last_validation": dict(last_val)}

@@ -8,19 +8,23 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.config import RunConfig, save_resolved_config
+from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
-from stratarl.observe.run_log import RunLog
-from stratarl.trainer import builders
+from stratarl.observe.run_log import RunLog, write_atomically
+from stratarl.trainer import builders, preflight
+from stratarl.trainer.run_directory import RunClaim, RunLock, claim_run_directory
 from stratarl.trainer.validation import evaluate_accuracy
 from stratarl.transport.batch_edge import lay_out_batch_edge
 from stratarl.transport.data_proto import DataProto
@@ -121,30 +125,51 @@ def run_sft(
     return metrics
 
 
-def sft_from_config(cfg: RunConfig, run_dir: str | Path) -> dict[str, float]:
+def sft_from_config(cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None) -> dict[str, Any]:
     """`stratarl sft`: SFT on data.train_files with the `sft` settings; greedy accuracy on
-    data.val_files before and after; the result saved HF-loadable in run_dir/final."""
+    data.val_files before and after; the result saved HF-loadable in run_dir/final, the summary in
+    run_dir/summary.json. The run directory must be empty (or trainer.overwrite): SFT never resumes."""
+    console = console or Console()
+    lock = RunLock(run_dir).acquire()
+    try:
+        return _sft_in(cfg, lock, console)
+    finally:
+        lock.release()
 
-    run_dir = Path(run_dir)
-    log = RunLog(run_dir)
-    save_resolved_config(cfg, run_dir)
+
+def _sft_in(cfg: RunConfig, lock: RunLock, console: Console) -> dict[str, Any]:
+    compute_score = preflight.reward_function(cfg)
     tokenizer = builders.load_tokenizer(cfg)
-    d = cfg.data
-    train_set = builders.load_prompts(
-        d.train_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None
-    )
+    train_set = preflight.load_split(cfg, "data.train_files", tokenizer)
+    val_set = preflight.load_split(cfg, "data.val_files", tokenizer) if cfg.data.val_files else None
+    preflight.check_sft_answers(train_set)
+    preflight.check_data_sources(compute_score, {"data.val_files": val_set})
+    claim = claim_run_directory(lock, cfg, total_steps=None, console=console, can_resume=False)
+    try:
+        return _train_sft(cfg, claim, tokenizer, train_set, val_set, console)
+    finally:
+        claim.release()
+
+
+def _train_sft(
+    cfg: RunConfig, claim: RunClaim, tokenizer: Any, train_set: PromptDataset, val_set: PromptDataset | None,
+    console: Console,
+) -> dict[str, Any]:  # fmt: skip
+    run_dir, start = claim.run_dir, time.perf_counter()
+    log = RunLog(run_dir, console=console)
+    claim.record_start(cfg, 0, None, console)
     steps = cfg.sft.total_steps or cfg.sft.total_epochs * max(
         1, len(train_set) // cfg.sft.trajectories_per_step
     )
     worker = sft_worker(cfg, tokenizer, steps)
 
     def accuracy(step: int) -> float:
-        if not d.val_files:
+        if val_set is None:
             return float("nan")
-        val_set = builders.load_prompts(
-            d.val_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None
+        # An untrained model never emits EOS: warn about cut responses after training only.
+        value, metrics = evaluate_accuracy(
+            worker, cfg, tokenizer, val_set, step, console=console if step else None
         )
-        value, metrics = evaluate_accuracy(worker, cfg, tokenizer, val_set, step)
         log.log_metrics(step, metrics, phase="val")
         return value
 
@@ -154,8 +179,18 @@ def sft_from_config(cfg: RunConfig, run_dir: str | Path) -> dict[str, float]:
         seed=cfg.trainer.seed, log=log,
     )  # fmt: skip
     after = accuracy(steps)
-    worker.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
-    summary = {"accuracy_before": before, "accuracy_after": after, "steps": float(steps)}
-    log.print_table("sft summary", summary | {"weights": str(run_dir / "final")})
+    final = (run_dir / "final").absolute()
+    worker.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    claim.record_finish(steps)
+    summary = {
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "steps": steps,
+        "wall_time_s": round(time.perf_counter() - start, 1),
+        "run_dir": str(run_dir.absolute()),
+        "weights": str(final),
+    }
+    write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    log.print_table("sft summary", summary)
     return summary
