@@ -82,15 +82,21 @@ def _init(args: argparse.Namespace) -> int:
         recipe, profile, warnings = init_task(
             args.train, out, val_files=args.val, reward_file=args.reward or "",
             reward_function=args.reward_function, size=args.size, vocab_size=args.vocab_size, seed=args.seed,
+            model_path=args.model or "",
         )  # fmt: skip
     except (ValueError, OSError, ImportError, AttributeError, TypeError) as err:
         raise InputError(str(err)) from err
     print("\n".join(profile.lines()))
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"wrote the tokenizer and a {args.size} model to {out / 'model'} and the recipe {recipe}")
+    from stratarl.config import load_config
+    from stratarl.trainer.run_directory import default_run_dir
+
+    sft_final = default_run_dir(load_config(recipe), suffix="-sft") / "final"
+    model = args.model or f"a {args.size} model with its tokenizer, in {out / 'model'}"
+    print(f"wrote the recipe {recipe} for {model}")
     print(f"next: stratarl sft {recipe}")
-    print(f"then: stratarl train {recipe} model.path=<the SFT run's final/ directory>")
+    print(f"then: stratarl train {recipe} model.path={sft_final}")
     return 0
 
 
@@ -168,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--size", default="1m", help="tiny model preset: 1m, 5m, 10m, 50m (docs/own_task.md)")
     init.add_argument("--vocab-size", type=int, default=1024, help="upper bound of the BPE vocabulary")
     init.add_argument("--seed", type=int, default=0, help="seed of the model's initialisation")
+    init.add_argument("--model", help="an HF model directory to use instead of a new tiny model")
     init.set_defaults(handler=_init)
 
     data = commands.add_parser("data", help="write synthetic tasks as verl-schema parquet")

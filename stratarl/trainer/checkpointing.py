@@ -27,6 +27,7 @@ from typing import Any
 
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.observe.run_log import replace_atomically
+from stratarl.trainer.run_directory import RunClaim, RunDirectoryError
 
 CHECKPOINT_DIR = "checkpoints"
 LOG_FILES = ("metrics.jsonl", "trajectories.jsonl")
@@ -58,6 +59,23 @@ def load_resume_point(checkpoint: RunCheckpoint, *, mode: str, resume_from_path:
     if loaded.trainer_state is None:
         raise ValueError(f"checkpoint {loaded.path} has no trainer_state.pt: it was not saved by a trainer")
     return ResumePoint(step=loaded.step, path=loaded.path, trainer_state=loaded.trainer_state)
+
+
+def accepted_resume_point(claim: RunClaim, checkpoint: RunCheckpoint) -> ResumePoint | None:
+    """The checkpoint the run directory's claim accepted, restored (the newest complete one, or
+    trainer.resume_from_path); None for a new run. A claim to resume that finds no complete
+    checkpoint, or one of another run, is refused rather than started afresh over the old logs."""
+    if not claim.resume:
+        return None
+    mode = "resume_path" if claim.resume_from else "auto"
+    point = load_resume_point(checkpoint, mode=mode, resume_from_path=claim.resume_from)
+    if point is None:
+        raise RunDirectoryError(
+            f"{checkpoint.root} holds no complete checkpoint to resume from (see the warnings above); "
+            "choose another trainer.experiment_name, or trainer.overwrite=true"
+        )
+    claim.check_lineage(point.path, point.trainer_state.get("lineage"))
+    return point
 
 
 def truncate_logs(run_dir: Path, step: int) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ the final HF-loadable weights and a PNG of the learning curves.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from functools import partial
@@ -30,12 +29,12 @@ from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
 from stratarl.observe.plots import plot_learning_curves
-from stratarl.observe.run_log import RunLog, write_atomically
+from stratarl.observe.run_log import RunLog
 from stratarl.observe.timing import timed, timing_metrics
 from stratarl.trainer import agent_rollout, builders, checkpointing, phases, preflight, sampling_phases
 from stratarl.trainer.agent_validation import run_agent_validation
-from stratarl.trainer.run_directory import RunDirectoryError, RunLock, claim_run_directory
-from stratarl.trainer.run_summary import summary_record, summary_rows
+from stratarl.trainer.run_directory import RunLock, claim_run_directory
+from stratarl.trainer.run_summary import summary_rows, where, write_summary
 from stratarl.trainer.validation import clipping_warning, run_validation
 from stratarl.transport.data_proto import DataProto
 
@@ -46,19 +45,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def sum_reward_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Reward metrics of several generation rounds: failure counts add up, means are averaged."""
-    keys = {key for part in parts for key in part}
-    return {
-        key: (sum if key.startswith("reward/failures/") else _mean)([p[key] for p in parts if key in p])
-        for key in keys
-    }
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 class RLTrainer:
@@ -194,24 +180,7 @@ class RLTrainer:
         """Restore the checkpoint the run directory's claim accepted (the newest complete one, or
         trainer.resume_from_path); returns the step to continue after. The start is recorded
         (config.yaml, run.json) only once that succeeded."""
-        point = None
-        if self.claim.resume:
-            mode = "resume_path" if self.claim.resume_from else "auto"
-            point = checkpointing.load_resume_point(
-                self.checkpoints, mode=mode, resume_from_path=self.claim.resume_from
-            )
-            if point is None:
-                raise RunDirectoryError(
-                    f"{self.checkpoints.root} holds no complete checkpoint to resume from (see the "
-                    "warnings above); choose another trainer.experiment_name, or trainer.overwrite=true"
-                )
-            lineage = point.trainer_state.get("lineage")
-            if "forked_from" not in self.claim.record and lineage not in (None, self.claim.run_id):
-                raise RunDirectoryError(
-                    f"checkpoint {point.path} was written by another run (lineage {lineage}, this run is "
-                    f"{self.claim.run_id}); it was copied in from elsewhere. Resume it from its own run "
-                    "directory, or start from it with trainer.resume_mode=resume_path in a new one"
-                )
+        point = checkpointing.accepted_resume_point(self.claim, self.checkpoints)
         self.claim.record_start(
             self.cfg, point.step if point else 0, point.path if point else None, self.log.console
         )
@@ -233,16 +202,16 @@ class RLTrainer:
 
     def _write_summary(self, start: int, seconds: float) -> None:
         """The run summary, printed as a table and written to run_dir/summary.json."""
-        where = {
-            "run directory": str(self.run_dir.absolute()),
-            "final weights": str((self.run_dir / "final").absolute()),
-            "checkpoints": str(self.checkpoints.root.absolute()) if self.checkpoints.steps() else "none",
-        }
-        rows = summary_rows(self.log.history, self.last_val, where, start, self.total_steps, seconds)
-        self.log.print_table("run summary", rows)
-        write_atomically(
-            self.run_dir / "summary.json", json.dumps(summary_record(rows, self.last_val), indent=2) + "\n"
+        checkpoints = self.checkpoints.root if self.checkpoints.steps() else None
+        rows = summary_rows(
+            self.log.history,
+            self.last_val,
+            where(self.run_dir, checkpoints),
+            start,
+            self.total_steps,
+            seconds,
         )
+        write_summary(self.log, rows, self.last_val)
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timings = self.cfg, {}
@@ -324,7 +293,7 @@ class RLTrainer:
                 f"(algorithm.filter_groups.max_num_gen_batches={filtering.max_num_gen_batches}); the "
                 "reward gives no learning signal on this data — check the scorer, or disable filtering"
             )
-        metrics = sum_reward_metrics(reward_parts)
+        metrics = sampling_phases.sum_reward_metrics(reward_parts)
         metrics |= {"batch/gen_rounds": float(rounds), "batch/dropped_groups": float(dropped)}
         return batch.take(torch.arange(usable)), metrics
 

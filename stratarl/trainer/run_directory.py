@@ -186,6 +186,16 @@ class RunClaim:
             shown = "; ".join(f"{key}: {old} → {new}" for key, (old, new) in self.changes.items())
             console.print(f"[yellow]resumed with changed settings[/yellow] {shown}", soft_wrap=True)
 
+    def check_lineage(self, checkpoint: Path, lineage: str | None) -> None:
+        """A checkpoint this run resumes from must be its own (unless the run is a fork of another)."""
+        if "forked_from" in self.record or lineage in (None, self.run_id):
+            return
+        raise RunDirectoryError(
+            f"checkpoint {checkpoint} was written by another run (lineage {lineage}; this run is "
+            f"{self.run_id}): it was copied in from elsewhere. Resume it from its own run directory, or "
+            "start from it with trainer.resume_mode=resume_path in a new one"
+        )
+
     def record_finish(self, last_step: int) -> None:
         self.record |= {"status": "finished", "last_step": last_step, "finished": _now()}
         self._write_record()

@@ -3,8 +3,12 @@ table at the end and written to summary.json."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from stratarl.observe.run_log import RunLog, write_atomically
 
 # Last-step metrics worth a line of their own; controller bytes are averaged over the run's steps.
 LAST_STEP_METRICS = ("critic/score/mean", "actor/entropy")
@@ -36,6 +40,18 @@ def summary_rows(
     return rows
 
 
-def summary_record(rows: Mapping[str, Any], last_val: Mapping[str, float]) -> dict[str, Any]:
-    """What `summary.json` holds: the summary rows, and every metric of the last validation."""
-    return {**rows, "last_validation": dict(last_val)}
+def where(run_dir: Path, checkpoints: Path | None) -> dict[str, str]:
+    """The summary's paths, absolute: the run, its final weights, its checkpoints (or none)."""
+    return {
+        "run directory": str(run_dir.absolute()),
+        "final weights": str((run_dir / "final").absolute()),
+        "checkpoints": str(checkpoints.absolute()) if checkpoints else "none",
+    }
+
+
+def write_summary(log: RunLog, rows: Mapping[str, Any], last_val: Mapping[str, float]) -> None:
+    """Print `rows` as the run summary table; write them, with every metric of the last
+    validation, to summary.json (atomically)."""
+    log.print_table("run summary", rows)
+    record = {**rows, "last_validation": dict(last_val)}
+    write_atomically(log.run_dir / "summary.json", json.dumps(record, indent=2) + "\n")

@@ -1,7 +1,7 @@
 """Layer 2, control flow: `stratarl init` — from any verl-schema parquet to a tiny model and a recipe.
 
 1. a byte-level BPE tokenizer trained on the task's own text and a random-init tiny model
-   (`data.tiny_models`), in <out>/model;
+   (`data.tiny_models`), in <out>/model — or a model directory of the user's (`model_path`);
 2. the task measured with that tokenizer: rows, data sources, prompt and reference-answer lengths;
 3. the reward checked on the data: the custom function loads, or every data_source is registered,
    and the reference answers (extra_info.answer) score what a correct response should;
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from transformers import AutoTokenizer
 
 from stratarl.data.prompt_dataset import load_prompt_dataset
 from stratarl.data.tiny_models import MODEL_PRESETS, build_tiny_model
@@ -157,9 +158,12 @@ def init_task(
     size: str = "1m",
     vocab_size: int = 1024,
     seed: int = 0,
+    model_path: str = "",
 ) -> tuple[Path, TaskProfile, list[str]]:
-    """Everything of the module docstring; returns (recipe path, profile, warnings). Raises
-    ValueError (naming the file or function) when the reward cannot score the data."""
+    """Everything of the module docstring; returns (recipe path, profile, warnings). With
+    `model_path` (an HF model directory) no tiny model is built: the task is measured with that
+    model's tokenizer and the recipe points at it. Raises ValueError (naming the file or
+    function) when the reward cannot score the data."""
     out = Path(out_dir).absolute()
     train_files = [str(Path(f).absolute()) for f in train_files]
     val_files = [str(Path(f).absolute()) for f in val_files]
@@ -171,7 +175,12 @@ def init_task(
     else:
         compute_score = default_compute_score
     corpus = corpus_from_parquet([*train_files, *val_files])
-    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)  # the model's, trained again below
+    if model_path:
+        model_dir = Path(model_path).absolute()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    else:
+        model_dir = out / "model"
+        tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)  # the model's, trained again below
     if not reward_file:
         _check_registered(train_files, val_files, tokenizer)
     profile = profile_task(train_files, tokenizer, compute_score)
@@ -179,7 +188,7 @@ def init_task(
         profile,
         train_files=train_files,
         val_files=val_files,
-        model_dir=out / "model",
+        model_dir=model_dir,
         reward_file=reward_file,
         reward_function=reward_function,
         experiment_name=out.name,
@@ -188,16 +197,18 @@ def init_task(
     positions = max(
         512, _round_up(recipe["data"]["max_prompt_tokens"] + recipe["rollout"]["max_response_tokens"], 64)
     )
-    build_tiny_model(
-        out / "model", size=size, corpus_texts=corpus, seed=seed, vocab_size=vocab_size,
-        max_position_embeddings=positions,
-    )  # fmt: skip
+    if not model_path:
+        build_tiny_model(
+            model_dir, size=size, corpus_texts=corpus, seed=seed, vocab_size=vocab_size,
+            max_position_embeddings=positions,
+        )  # fmt: skip
     warnings = []
     if profile.answer_score is not None and profile.answer_score < 0.99:
         warnings.append(
             f"the reference answers score {profile.answer_score:.3f} on average under the reward: a "
             "correct response should score 1 — check the reward function against extra_info.answer"
         )
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "recipe.yaml"
     header = ["# Written by `stratarl init` from the measured task (docs/own_task.md); edit freely."]
     header += [f"# {line}" for line in profile.lines()]

@@ -7,7 +7,7 @@
    the model copies the tool's result (`sft_until_copying`, capped by sft.total_steps);
 4. GRPO from the SFT checkpoint with the tool loop in the rollout (`agent.enable`);
 5. held-out accuracy, tool-call success rate and tool use, greedy and sampled, after SFT and after
-   GRPO -> summary.json (measured: docs/benchmarks_tool.md).
+   GRPO -> summary.json (measured: docs/benchmarks.md ("Tool quickstart")).
 
 A direct answer to a 3-digit product is almost never right for a 1M-parameter model, a tool call
 whose result is copied is: GRPO's reward teaches the model to call the tool, and to call it well.

@@ -93,8 +93,8 @@ def clipping_warning(metrics: dict[str, float], max_response_tokens: int) -> str
         return None
     return (
         f"{ratio:.0%} of the validation responses stopped at rollout.max_response_tokens="
-        f"{max_response_tokens} without EOS: their answers are cut and score as wrong. If the task's "
-        "answers are longer, raise rollout.max_response_tokens (`stratarl init` measures them)"
+        f"{max_response_tokens} before EOS: an answer longer than that is cut, and scores as wrong. "
+        "If the task's answers can be longer, raise it (`stratarl init` measures them)"
     )
 
 
