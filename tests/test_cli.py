@@ -171,3 +171,9 @@ def test_an_unknown_data_source_is_found_before_any_worker_starts(tiny_task, tmp
     err = " ".join(capsys.readouterr().err.split())
     assert "data_source 'sort_numbers' has no reward function (2 rows:" in err
     assert "mixed.parquet row 3, " in err and "mixed.parquet row 7" in err
+
+
+def test_the_quickstart_refuses_a_run_dir_that_is_not_empty(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["quickstart", "--run-dir", str(tmp_path)]) == 2
+    assert "it is not empty" in capsys.readouterr().err

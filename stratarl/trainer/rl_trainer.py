@@ -174,6 +174,7 @@ class RLTrainer:
             "last_val": self.last_val,
         }
         path = self.checkpoints.save(step, tokenizer=self.tokenizer, trainer_state=state)
+        self.claim.record_checkpoint(step)
         self.log.console.print(f"[dim]checkpoint: {path}[/dim]")
 
     def resume(self) -> int:

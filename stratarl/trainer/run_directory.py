@@ -1,8 +1,9 @@
 """Layer 2, control flow: a run directory holds one run (its lineage), written by one process at a time.
 
     run.lock     the process writing the run: pid and host, held with flock while it lives
-    run.json     the lineage: its id, status (running | finished), last step, and one entry per
-                 start ("legs"): when, where, from which checkpoint, which settings changed
+    run.json     the lineage: its id, status (running | finished), steps done (as of the newest
+                 checkpoint or the end), and one entry per start ("legs"): when, where, the
+                 command, from which checkpoint, which settings changed
     config.yaml  the resolved config of the newest accepted start (written only once accepted)
 
 `claim_run_directory` decides, before any worker starts, what a new start may do in its directory:
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 
 from stratarl.config import RunConfig, save_resolved_config
@@ -180,7 +182,7 @@ class RunClaim:
             "changes": {key: list(change) for key, change in self.changes.items()},
         }
         self.record["legs"].append(leg)
-        self.record |= {"status": "running", "last_step": start_step}
+        self.record |= {"status": "running", "steps_done": start_step}
         self._write_record()
         if self.changes:
             shown = "; ".join(f"{key}: {old} → {new}" for key, (old, new) in self.changes.items())
@@ -196,8 +198,13 @@ class RunClaim:
             "start from it with trainer.resume_mode=resume_path in a new one"
         )
 
+    def record_checkpoint(self, step: int) -> None:
+        """Steps done, as of the checkpoint just saved."""
+        self.record["steps_done"] = step
+        self._write_record()
+
     def record_finish(self, last_step: int) -> None:
-        self.record |= {"status": "finished", "last_step": last_step, "finished": _now()}
+        self.record |= {"status": "finished", "steps_done": last_step, "finished": _now()}
         self._write_record()
 
     def _write_record(self) -> None:
@@ -255,12 +262,13 @@ def _continued_claim(
         claim.abandoned = [run_dir / CHECKPOINT_DIR / f"global_step_{s}" for s in steps if s > step]
     elif not steps:
         why = (
-            f"holds a {status} run (last step {record.get('last_step', 0)}) with no checkpoint to "
-            "resume from (trainer.save_freq)"
+            f"holds a {status} run with no checkpoint to resume from (it ran with "
+            f"trainer.save_freq={_saved_setting(run_dir, 'save_freq')})"
         )
         raise RunDirectoryError(_refusal(run_dir, why, resume=False))
-    last = record.get("last_step", 0)
-    if record.get("status") == "finished" and total_steps is not None and total_steps <= last:
+    last = record.get("steps_done", 0)
+    finished = record.get("status") == "finished" and t.resume_mode == "auto"  # resume_path: a branch
+    if finished and total_steps is not None and total_steps <= last:
         extend = (
             f"  - continue it: raise trainer.total_steps above {last} and add "
             "trainer.resume_allow_changes=[trainer.total_steps]"
@@ -285,7 +293,7 @@ def _fresh_claim(run_dir: Path, lock: RunLock, cfg: RunConfig) -> RunClaim:
         "run_id": uuid.uuid4().hex,
         "created": _now(),
         "status": "new",
-        "last_step": 0,
+        "steps_done": 0,
         "legs": [],
     }
     claim = RunClaim(run_dir, lock, record)
@@ -313,6 +321,14 @@ def _reviewed_changes(run_dir: Path, cfg: RunConfig, saved: Path) -> dict[str, C
             )
         )
     return review.accepted
+
+
+def _saved_setting(run_dir: Path, name: str) -> Any:
+    """trainer.<name> in the run's config.yaml ('?' when unreadable)."""
+    try:
+        return yaml.safe_load((run_dir / CONFIG_FILE).read_text())["trainer"][name]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return "?"
 
 
 def _holds_a_run(run_dir: Path) -> bool:

@@ -42,7 +42,9 @@ def test_rerunning_a_finished_run_is_refused_with_the_choices(task, tmp_path):
     run_dir = tmp_path / "run"
     run(task, run_dir, "trainer.save_freq=0")
     message = refusal(task, run_dir, "trainer.save_freq=0")
-    assert "holds a finished run (last step 3) with no checkpoint to resume from" in message
+    assert (
+        "holds a finished run with no checkpoint to resume from (it ran with trainer.save_freq=0)" in message
+    )
     assert "trainer.experiment_name=<new name>" in message and "trainer.overwrite=true" in message
     assert train_steps(run_dir) == [1, 2, 3]
 
@@ -70,7 +72,7 @@ def test_a_finished_run_with_a_checkpoint_can_only_be_extended_deliberately(task
     )
     assert train_steps(run_dir) == [1, 2, 3, 4]
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["status"] == "finished" and record["last_step"] == 4
+    assert record["status"] == "finished" and record["steps_done"] == 4
     assert [leg["start_step"] for leg in record["legs"]] == [0, 3]
     assert record["legs"][1]["changes"] == {"trainer.total_steps": [3, 4]}  # the history of accepted changes
 
@@ -113,7 +115,10 @@ def test_a_run_stopped_before_its_first_checkpoint_is_not_appended_to(task, tmp_
     with pytest.raises(KeyboardInterrupt):
         trainer.fit()
     message = refusal(task, run_dir, "trainer.save_freq=3")
-    assert "holds a stopped (unfinished) run (last step 0) with no checkpoint" in message
+    assert (
+        "holds a stopped (unfinished) run with no checkpoint to resume from (it ran with trainer.save_freq=3)"
+        in message
+    )
     assert train_steps(run_dir) == [1]
 
 
@@ -239,3 +244,25 @@ def test_every_setting_named_by_the_resume_rules_exists():
     leaves = leaf_settings(RunConfig)
     assert set(FIXED) <= set(leaves) and set(leaves) >= FREE_KEYS
     assert not FREE_KEYS & set(FIXED)
+
+
+def test_resume_path_to_an_older_checkpoint_moves_the_newer_ones_aside_and_a_fork_starts_elsewhere(
+    task, tmp_path
+):
+    run_dir = tmp_path / "run"
+    run(task, run_dir, "trainer.save_freq=1")
+    back = f"trainer.resume_from_path={run_dir / 'checkpoints' / 'global_step_1'}"
+    run(task, run_dir, "trainer.save_freq=1", "trainer.resume_mode=resume_path", back)
+    assert train_steps(run_dir) == [1, 2, 3]  # steps 2 and 3 of the first leg were cut from the log
+    (aside,) = (run_dir / "checkpoints").glob(".abandoned-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["global_step_2", "global_step_3"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("global_step_*")) == [
+        "global_step_1", "global_step_2", "global_step_3",
+    ]  # fmt: skip
+
+    fork = tmp_path / "fork"
+    start = f"trainer.resume_from_path={run_dir / 'checkpoints' / 'global_step_2'}"
+    run(task, fork, "trainer.resume_mode=resume_path", start, "trainer.save_freq=1")
+    assert train_steps(fork) == [3]
+    record = json.loads((fork / "run.json").read_text())
+    assert record["forked_from"].endswith("global_step_2") and record["legs"][0]["start_step"] == 2
