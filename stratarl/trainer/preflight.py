@@ -30,7 +30,9 @@ def load_split(cfg: RunConfig, key: str, tokenizer: Any) -> PromptDataset:
         else (d.val_files, d.max_val_prompts)
     )
     try:
-        return builders.load_prompts(files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=limit)
+        return builders.load_prompts(
+            files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=limit, **builders.data_columns(cfg)
+        )
     except (ValueError, OSError) as err:
         raise ConfigError([ConfigProblem((key,), str(err))]) from err
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import ExitStack
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
+from stratarl.observe.loggers import make_sinks
 from stratarl.observe.plots import plot_learning_curves
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.timing import timed, timing_metrics
@@ -88,7 +91,7 @@ class RLTrainer:
             raise
 
     def _build(self, cfg: RunConfig, console: Console) -> None:
-        self.log = RunLog(self.claim.run_dir, console=console)
+        self.log = RunLog(self.claim.run_dir, console=console, print_steps="console" in cfg.trainer.logger)
         self.run_dir = self.log.run_dir
         self.loss_fn = builders.build_actor_loss(cfg)
         self.value_loss = builders.build_value_loss(cfg)
@@ -118,20 +121,32 @@ class RLTrainer:
     def fit(self) -> dict[str, Any]:
         """Train up to `total_steps` (continuing from a checkpoint when trainer.resume_mode finds one);
         returns the last validation metrics (empty without a val set). Worker processes (Ray) are
-        stopped at the end, also when a step fails."""
-        try:
+        stopped at the end, also when a step fails, and so are the agent's scoring pool and the
+        metric sinks (TensorBoard, W&B)."""
+        with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
+            cleanup.callback(self.claim.release)  # last: the run directory is free once all stopped
+            cleanup.callback(self.log.close)
+            cleanup.callback(self.worker.shutdown)
+            if self.critic is not None:  # before the policy's: that shutdown may end the Ray cluster
+                cleanup.callback(self.critic.shutdown)
+            if self.agent is not None:
+                cleanup.callback(self.agent.close)
             return self._fit()
-        finally:
-            try:
-                if self.critic is not None:  # first: the policy's shutdown may end the Ray cluster
-                    self.critic.shutdown()
-            finally:
-                self.worker.shutdown()
-                self.claim.release()
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
         start, run_start = self.resume(), time.perf_counter()
+        t = self.cfg.trainer
+        self.log.attach(
+            make_sinks(
+                t.logger,
+                self.run_dir,
+                project=t.project_name,
+                experiment=t.experiment_name,
+                config=asdict(self.cfg),
+                resumed_after=start or None,
+            )
+        )
         last_val: dict[str, float] = self.last_val
         if (
             start == 0
@@ -158,7 +173,8 @@ class RLTrainer:
                     self.save_checkpoint(step)
         self.worker.save_pretrained(self.run_dir / "final")
         self.tokenizer.save_pretrained(self.run_dir / "final")
-        plot_learning_curves(self.log.history, self.run_dir / "curves.png")
+        curves = plot_learning_curves(self.log.history, self.run_dir / "curves.png")
+        self.log.log_image("curves", curves, step=self.total_steps)
         self._write_summary(start, time.perf_counter() - run_start)
         self.claim.record_finish(self.total_steps)
         return last_val
@@ -240,7 +256,14 @@ class RLTrainer:
             current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
             self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
         metrics = self._step_metrics(
-            batch, timings, collect_metrics, prepare_metrics, critic_metrics, actor_metrics, sync_metrics
+            step,
+            batch,
+            timings,
+            collect_metrics,
+            prepare_metrics,
+            critic_metrics,
+            actor_metrics,
+            sync_metrics,
         )
         if cfg.trainer.save_trajectories:
             texts = phases.decode_responses(self.tokenizer, batch)
@@ -345,12 +368,12 @@ class RLTrainer:
                 seed=self._seed(step) + 1 if self.cfg.actor.shuffle else None,
             )
 
-    def _step_metrics(self, batch, timings, *parts: dict[str, float]) -> dict[str, float]:
+    def _step_metrics(self, step: int, batch, timings, *parts: dict[str, float]) -> dict[str, float]:
         mask = batch["response_mask"]
-        metrics: dict[str, float] = {"training/global_step": float(len(self.log.history) + 1)}
+        metrics: dict[str, float] = {"training/global_step": float(step)}
         for part in parts:
             metrics |= part
-        metrics |= data_metrics(batch)
+        metrics |= data_metrics(batch, max_prompt_tokens=self.cfg.data.max_prompt_tokens)
         if "entropys" in batch:  # bypass mode runs no actor forward before the update
             metrics["actor/entropy"] = aggregate_loss(
                 batch["entropys"], mask, self.cfg.actor.loss_agg_mode

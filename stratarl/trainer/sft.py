@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
+from stratarl.observe.loggers import make_sinks
 from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.trainer import builders, preflight
 from stratarl.trainer.run_directory import RunClaim, RunLock, claim_run_directory
@@ -128,36 +131,35 @@ def run_sft(
 def sft_from_config(cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None) -> dict[str, Any]:
     """`stratarl sft`: SFT on data.train_files with the `sft` settings; greedy accuracy on
     data.val_files before and after; the result saved HF-loadable in run_dir/final, the summary in
-    run_dir/summary.json. The run directory must be empty (or trainer.overwrite): SFT never resumes."""
-    console = console or Console()
-    lock = RunLock(run_dir).acquire()
-    try:
-        return _sft_in(cfg, lock, console)
-    finally:
-        lock.release()
+    run_dir/summary.json. The run directory must be empty (or trainer.overwrite): SFT never resumes.
+    The inputs are checked (`preflight`) before the model loads."""
+    console, t = console or Console(), cfg.trainer
+    with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
+        lock = RunLock(run_dir).acquire()
+        cleanup.callback(lock.release)
+        compute_score = preflight.reward_function(cfg)
+        tokenizer = builders.load_tokenizer(cfg)
+        train_set = preflight.load_split(cfg, "data.train_files", tokenizer)
+        val_set = preflight.load_split(cfg, "data.val_files", tokenizer) if cfg.data.val_files else None
+        preflight.check_sft_answers(train_set)
+        preflight.check_data_sources(compute_score, {"data.val_files": val_set})
+        claim = claim_run_directory(lock, cfg, total_steps=None, console=console, can_resume=False)
+        cleanup.callback(claim.release)
+        log = RunLog(claim.run_dir, console=console)
+        claim.record_start(cfg, 0, None, console)
+        sinks = make_sinks(
+            t.logger, claim.run_dir, project=t.project_name, experiment=t.experiment_name, config=asdict(cfg)
+        )
+        log.attach(sinks)
+        cleanup.callback(log.close)
+        return _sft_run(cfg, claim, log, tokenizer, train_set, val_set)
 
 
-def _sft_in(cfg: RunConfig, lock: RunLock, console: Console) -> dict[str, Any]:
-    compute_score = preflight.reward_function(cfg)
-    tokenizer = builders.load_tokenizer(cfg)
-    train_set = preflight.load_split(cfg, "data.train_files", tokenizer)
-    val_set = preflight.load_split(cfg, "data.val_files", tokenizer) if cfg.data.val_files else None
-    preflight.check_sft_answers(train_set)
-    preflight.check_data_sources(compute_score, {"data.val_files": val_set})
-    claim = claim_run_directory(lock, cfg, total_steps=None, console=console, can_resume=False)
-    try:
-        return _train_sft(cfg, claim, tokenizer, train_set, val_set, console)
-    finally:
-        claim.release()
-
-
-def _train_sft(
-    cfg: RunConfig, claim: RunClaim, tokenizer: Any, train_set: PromptDataset, val_set: PromptDataset | None,
-    console: Console,
+def _sft_run(
+    cfg: RunConfig, claim: RunClaim, log: RunLog, tokenizer: Any, train_set: PromptDataset,
+    val_set: PromptDataset | None,
 ) -> dict[str, Any]:  # fmt: skip
     run_dir, start = claim.run_dir, time.perf_counter()
-    log = RunLog(run_dir, console=console)
-    claim.record_start(cfg, 0, None, console)
     steps = cfg.sft.total_steps or cfg.sft.total_epochs * max(
         1, len(train_set) // cfg.sft.trajectories_per_step
     )
@@ -168,7 +170,7 @@ def _train_sft(
             return float("nan")
         # An untrained model never emits EOS: warn about cut responses after training only.
         value, metrics = evaluate_accuracy(
-            worker, cfg, tokenizer, val_set, step, console=console if step else None
+            worker, cfg, tokenizer, val_set, step, console=log.console if step else None
         )
         log.log_metrics(step, metrics, phase="val")
         return value
