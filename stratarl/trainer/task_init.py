@@ -134,7 +134,7 @@ def starter_recipe(
         "algorithm": {"adv_estimator": "grpo"},
         "trainer": {"experiment_name": experiment_name, "total_steps": 60, "test_freq": 20},
         "sft": {
-            "lr": 3.0e-3,
+            "lr": 1.0e-3,
             "lr_schedule": "constant",
             "warmup_steps": 10,
             "total_steps": 300,

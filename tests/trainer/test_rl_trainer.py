@@ -56,8 +56,8 @@ def test_three_grpo_steps_train_log_and_save_a_reloadable_model(task, tmp_path):
     lines = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 16  # steps × B·n
     first = json.loads(lines[0])
-    assert {"source_split", "source_row", "uid", "sample_index", "prompt", "ground_truth", "response", "reward",
-            "reward_extra", "advantage", "weight_version"} <= first.keys()  # fmt: skip
+    assert {"source_split", "source_row", "uid", "sample_index", "prompt", "ground_truth", "response",
+            "reward", "reward_extra", "advantage", "weight_version"} <= first.keys()  # fmt: skip
     assert (tmp_path / "run" / "config.yaml").exists() and (tmp_path / "run" / "curves.png").exists()
 
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")

@@ -23,6 +23,7 @@ SHORTER = {
         "trainer.total_steps=1",
         "data.prompts_per_step=4",
         "actor.prompts_per_mini_batch=4",
+        "actor.trajectories_per_micro_batch=32",
         "data.max_val_prompts=16",
     ],
 }
