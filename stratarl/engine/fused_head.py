@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 from stratarl.algo.entropy import entropy_from_logits, log_prob_from_logits
 
 # Rows of logits per chunk. At V = 32k, fp32, one chunk is 32 MiB; forward + backward of K = 2048
-# tokens then peaks at +242 MiB against +1806 MiB for the plain form (docs/benchmarks_engine.md).
+# tokens then peaks at +242 MiB against +1806 MiB for the plain form (docs/benchmarks.md, "Training engine").
 LOGIT_CHUNK_SIZE = 256
 
 

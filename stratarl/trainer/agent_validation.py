@@ -69,6 +69,8 @@ def run_agent_validation(
                     "step": step,
                     "source_row": int(batch["source_row"][i]),
                     "data_source": batch["data_source"][i],
+                    "prompt": tokenizer.decode(batch["raw_prompt_ids"][i]),
+                    "ground_truth": batch["ground_truth"][i],
                     "response": solution_text(tokenizer, t, include_observations=True),
                     "reward": scores[i],
                     "acc": accs[i],

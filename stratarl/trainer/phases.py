@@ -22,6 +22,7 @@ from stratarl.reward.token_scores import place_on_last_token
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.field_checks import validate
+from stratarl.transport.fields import FIELDS
 
 # Estimator argument names (the math layer's vocabulary) that differ from the batch's field names.
 ESTIMATOR_ARGUMENT_FIELDS = {"old_log_prob": "old_log_probs"}
@@ -212,12 +213,14 @@ def sync_weights(worker: PolicyHandle) -> dict[str, float]:
 def trajectory_records(
     batch: DataProto, texts: Sequence[str], prompt_texts: Sequence[str], step: int
 ) -> list[dict[str, Any]]:
-    """One JSON record per trajectory: where it came from, what it said, what it earned (DESIGN §4)."""
+    """One JSON record per trajectory: where it came from, what it said, what it earned (DESIGN §4),
+    with the ground truth it was scored against and the scorer's extra values (e.g. `acc`)."""
     scores = batch["token_level_scores"].sum(-1)
     mask = batch["response_mask"].bool()
     advantages = [
         float(row[m][0]) if m.any() else 0.0 for row, m in zip(batch["advantages"], mask, strict=True)
     ]
+    extras = scorer_extra_columns(batch)
     return [
         {
             "step": step,
@@ -227,12 +230,24 @@ def trajectory_records(
             "uid": batch["uid"][i],
             "sample_index": int(batch["sample_index"][i]),
             "prompt": prompt_texts[i],
+            "ground_truth": batch["ground_truth"][i],
             "response": texts[i],
             "response_tokens": int(mask[i].sum()),
             "finish_reason": batch["finish_reason"][i],
             "reward": float(scores[i]),
+            "reward_extra": {name: float(column[i]) for name, column in extras.items()},
             "advantage": advantages[i],
             "weight_version": int(batch["weight_version"][i]),
         }
         for i in range(len(batch))
     ]
+
+
+def scorer_extra_columns(batch: DataProto) -> dict[str, torch.Tensor]:
+    """The [N] float columns `reward_extra_columns` added (the scorer's extra keys, e.g. `acc`):
+    those no field contract declares."""
+    return {
+        name: batch[name]
+        for name in batch.tensor_keys
+        if name not in FIELDS and batch[name].dim() == 1 and batch[name].is_floating_point()
+    }

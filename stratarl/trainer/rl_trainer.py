@@ -31,7 +31,7 @@ from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.value_loss import explained_variance
 from stratarl.cluster.run_checkpoint import RunCheckpoint
-from stratarl.config import BatchPlan, RunConfig, save_resolved_config, validate_config
+from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
 from stratarl.observe.loggers import make_sinks
@@ -40,11 +40,20 @@ from stratarl.observe.plots import plot_learning_curves, plot_run
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.stack_dumps import write_error_report
 from stratarl.observe.timing import timing_metrics
-from stratarl.trainer import agent_rollout, builders, checkpointing, phases, run_watch, sampling_phases
+from stratarl.trainer import (
+    agent_rollout,
+    builders,
+    checkpointing,
+    phases,
+    preflight,
+    run_watch,
+    sampling_phases,
+)
 from stratarl.trainer.agent_validation import run_agent_validation
-from stratarl.trainer.run_summary import summary_rows
+from stratarl.trainer.run_directory import RunLock, claim_run_directory
+from stratarl.trainer.run_summary import summary_rows, where, write_summary
 from stratarl.trainer.tracing import StepTracer, step_diagnostics
-from stratarl.trainer.validation import run_validation
+from stratarl.trainer.validation import clipping_warning, run_validation
 from stratarl.transport.data_proto import DataProto
 
 LOW_SIGNAL_SHARE = 0.1  # warn when fewer groups than this carry any reward variance
@@ -56,19 +65,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def sum_reward_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Reward metrics of several generation rounds: failure counts add up, means are averaged."""
-    keys = {key for part in parts for key in part}
-    return {
-        key: (sum if key.startswith("reward/failures/") else _mean)([p[key] for p in parts if key in p])
-        for key in keys
-    }
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 class RLTrainer:
     """GRPO-family training of one policy, in one process (the in-process cluster backend)."""
 
@@ -76,27 +72,21 @@ class RLTrainer:
         validate_config(cfg)
         seed_everything(cfg.trainer.seed)
         self.cfg = cfg
-        self.log = RunLog(run_dir, console=console, print_steps="console" in cfg.trainer.logger)
-        self.run_dir = self.log.run_dir
+        lock = RunLock(run_dir).acquire()  # a second writer is refused before anything loads
+        try:
+            self._set_up(cfg, lock, console or Console())
+        except BaseException:
+            lock.release()
+            raise
+
+    def _set_up(self, cfg: RunConfig, lock: RunLock, console: Console) -> None:
+        self.compute_score = preflight.reward_function(cfg)  # its file and name, before any data loads
         self.tokenizer = builders.load_tokenizer(cfg)
         d = cfg.data
-        self.train_set = builders.load_prompts(
-            d.train_files,
-            self.tokenizer,
-            max_prompt_tokens=d.max_prompt_tokens,
-            limit=d.max_train_prompts,
-            **builders.data_columns(cfg),
-        )
-        self.val_set = (
-            builders.load_prompts(
-                d.val_files,
-                self.tokenizer,
-                max_prompt_tokens=d.max_prompt_tokens,
-                limit=d.max_val_prompts,
-                **builders.data_columns(cfg),
-            )
-            if d.val_files
-            else None
+        self.train_set = preflight.load_split(cfg, "data.train_files", self.tokenizer)
+        self.val_set = preflight.load_split(cfg, "data.val_files", self.tokenizer) if d.val_files else None
+        preflight.check_data_sources(
+            self.compute_score, {"data.train_files": self.train_set, "data.val_files": self.val_set}
         )
         if cfg.agent.enable:  # each row's agent loop (agent_name) must exist
             agent_rollout.check_agent_names(self.train_set, self.val_set)
@@ -107,11 +97,21 @@ class RLTrainer:
         self.total_steps = (
             cfg.trainer.total_steps or cfg.trainer.total_epochs * self.sampler.batches_per_epoch
         )
+        # The run directory: continue the run there, begin one, or refuse (run_directory docstring).
+        self.claim = claim_run_directory(lock, cfg, total_steps=self.total_steps, console=console)
+        try:
+            self._build(cfg, console)
+        except BaseException:
+            self.claim.release()
+            raise
+
+    def _build(self, cfg: RunConfig, console: Console) -> None:
+        self.log = RunLog(self.claim.run_dir, console=console, print_steps="console" in cfg.trainer.logger)
+        self.run_dir = self.log.run_dir
         self.loss_fn = builders.build_actor_loss(cfg)
         self.value_loss = builders.build_value_loss(cfg)
         self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
         self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
-        self.compute_score = builders.build_compute_score(cfg)
         # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
         self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer, self.compute_score)
         self.sampling = builders.train_sampling(cfg)
@@ -127,8 +127,13 @@ class RLTrainer:
             policy=self.worker,
             critic=self.critic,
             max_to_keep=cfg.trainer.max_checkpoints_to_keep,
+            lineage=self.claim.run_id,
         )
         self.last_val: dict[str, float] = {}
+
+    def close(self) -> None:
+        """Release the run directory without training (`fit` releases it when it ends)."""
+        self.claim.release()
 
     # ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -137,7 +142,8 @@ class RLTrainer:
         stopped at the end, also when a step fails, and so are the agent's scoring pool and the
         metric sinks (TensorBoard, W&B)."""
         with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
-            if self.watchdog is not None:  # stopped last: a cleanup that hangs still meets its grace
+            cleanup.callback(self.claim.release)  # last: the run directory is free once all stopped
+            if self.watchdog is not None:  # stopped next to last: a cleanup that hangs still meets its grace
                 self.watchdog.start()
                 cleanup.callback(self.watchdog.stop)
             cleanup.callback(self.log.close)
@@ -157,7 +163,6 @@ class RLTrainer:
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
-        save_resolved_config(self.cfg, self.run_dir)
         self.save_placement()
         start, run_start = self.resume(), time.perf_counter()
         t = self.cfg.trainer
@@ -179,6 +184,7 @@ class RLTrainer:
         ):
             last_val = self.validate(step=0)
         if self.cfg.trainer.val_only:
+            self.claim.record_finish(start)
             return last_val
         columns = (*Progress.get_default_columns(), TimeElapsedColumn())
         with Progress(*columns, console=self.log.console, transient=True) as progress:
@@ -199,7 +205,8 @@ class RLTrainer:
         curves = plot_learning_curves(self.log.history, self.run_dir / "curves.png")
         self.log.log_image("curves", curves, step=self.total_steps)
         plot_run(self.log.history, self.run_dir / "plots")
-        self._print_summary(start, time.perf_counter() - run_start)
+        self._write_summary(start, time.perf_counter() - run_start)
+        self.claim.record_finish(self.total_steps)
         return last_val
 
     def save_placement(self) -> None:
@@ -219,13 +226,16 @@ class RLTrainer:
         }
         with self.monitor.phase("save", step=step):
             path = self.checkpoints.save(step, tokenizer=self.tokenizer, trainer_state=state)
+        self.claim.record_checkpoint(step)
         self.log.console.print(f"[dim]checkpoint: {path}[/dim]")
 
     def resume(self) -> int:
-        """Restore the checkpoint trainer.resume_mode selects; returns the step to continue after."""
-        t = self.cfg.trainer
-        point = checkpointing.load_resume_point(
-            self.checkpoints, mode=t.resume_mode, resume_from_path=t.resume_from_path
+        """Restore the checkpoint the run directory's claim accepted (the newest complete one, or
+        trainer.resume_from_path); returns the step to continue after. The start is recorded
+        (config.yaml, run.json) only once that succeeded."""
+        point = checkpointing.accepted_resume_point(self.claim, self.checkpoints)
+        self.claim.record_start(
+            self.cfg, point.step if point else 0, point.path if point else None, self.log.console
         )
         if point is None:
             return 0
@@ -244,13 +254,18 @@ class RLTrainer:
         )
         return point.step
 
-    def _print_summary(self, start: int, seconds: float) -> None:
-        where = {
-            "final weights": str(self.run_dir / "final"),
-            "checkpoints": str(self.checkpoints.root) if self.checkpoints.steps() else "none",
-        }
-        rows = summary_rows(self.log.history, self.last_val, where, start, self.total_steps, seconds)
-        self.log.print_table("run summary", rows)
+    def _write_summary(self, start: int, seconds: float) -> None:
+        """The run summary, printed as a table and written to run_dir/summary.json."""
+        checkpoints = self.checkpoints.root if self.checkpoints.steps() else None
+        rows = summary_rows(
+            self.log.history,
+            self.last_val,
+            where(self.run_dir, checkpoints),
+            start,
+            self.total_steps,
+            seconds,
+        )
+        write_summary(self.log, rows, self.last_val)
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timings, phase = self.cfg, {}, self.monitor.phase
@@ -350,7 +365,7 @@ class RLTrainer:
                 f"(algorithm.filter_groups.max_num_gen_batches={filtering.max_num_gen_batches}); the "
                 "reward gives no learning signal on this data — check the scorer, or disable filtering"
             )
-        metrics = sum_reward_metrics(reward_parts)
+        metrics = sampling_phases.sum_reward_metrics(reward_parts)
         metrics |= {"batch/gen_rounds": float(rounds), "batch/dropped_groups": float(dropped)}
         return batch.take(torch.arange(usable)), metrics
 
@@ -456,4 +471,7 @@ class RLTrainer:
         RunLog.write_jsonl(self.run_dir / "val_generations" / f"step_{step}.jsonl", records)
         core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
         self.log.console.print(f"[bold cyan]validation @ step {step}[/bold cyan] {core}")
+        warning = clipping_warning(metrics, self.cfg.rollout.max_response_tokens)
+        if warning:
+            self.log.console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
         return metrics

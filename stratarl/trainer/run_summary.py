@@ -1,9 +1,14 @@
-"""Layer 2, control flow: the table printed at the end of a run — what ran, where it went, how it ended."""
+"""Layer 2, control flow: the summary of a run — what ran, where it went, how it ended — printed as a
+table at the end and written to summary.json."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from stratarl.observe.run_log import RunLog, write_atomically
 
 # Last-step metrics worth a line of their own; controller bytes are averaged over the run's steps.
 LAST_STEP_METRICS = ("critic/score/mean", "actor/entropy")
@@ -33,3 +38,20 @@ def summary_rows(
         rows |= {f"{k} per step": sum(r.get(k, 0.0) for r in train) / len(train) for k in TRAFFIC_METRICS}
     rows |= {k: v for k, v in last_val.items() if k.startswith("val-core/")}
     return rows
+
+
+def where(run_dir: Path, checkpoints: Path | None) -> dict[str, str]:
+    """The summary's paths, absolute: the run, its final weights, its checkpoints (or none)."""
+    return {
+        "run directory": str(run_dir.absolute()),
+        "final weights": str((run_dir / "final").absolute()),
+        "checkpoints": str(checkpoints.absolute()) if checkpoints else "none",
+    }
+
+
+def write_summary(log: RunLog, rows: Mapping[str, Any], last_val: Mapping[str, float]) -> None:
+    """Print `rows` as the run summary table; write them, with every metric of the last
+    validation, to summary.json (atomically)."""
+    log.print_table("run summary", rows)
+    record = {**rows, "last_validation": dict(last_val)}
+    write_atomically(log.run_dir / "summary.json", json.dumps(record, indent=2) + "\n")

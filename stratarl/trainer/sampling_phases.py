@@ -80,3 +80,16 @@ def use_rollout_log_probs(batch: DataProto) -> DataProto:
     """Bypass mode (two policies): π_old := π_rollout, no recompute forward."""
     validate(batch, reads=["rollout_log_probs"], phase="actor.log_prob")
     return batch.union(DataProto.from_dict({"old_log_probs": batch["rollout_log_probs"].clone()}))
+
+
+def sum_reward_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Reward metrics of several generation rounds: failure counts add up, means are averaged."""
+    keys = {key for part in parts for key in part}
+    return {
+        key: (sum if key.startswith("reward/failures/") else _mean)([p[key] for p in parts if key in p])
+        for key in keys
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)

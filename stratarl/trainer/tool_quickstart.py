@@ -7,7 +7,7 @@
    the model copies the tool's result (`sft_until_copying`, capped by sft.total_steps);
 4. GRPO from the SFT checkpoint with the tool loop in the rollout (`agent.enable`);
 5. held-out accuracy, tool-call success rate and tool use, greedy and sampled, after SFT and after
-   GRPO -> summary.json (measured: docs/benchmarks_tool.md).
+   GRPO -> summary.json (measured: docs/benchmarks.md ("Tool quickstart")).
 
 A direct answer to a 3-digit product is almost never right for a 1M-parameter model, a tool call
 whose result is copied is: GRPO's reward teaches the model to call the tool, and to call it well.
@@ -25,7 +25,7 @@ from rich.console import Console
 
 from stratarl.config import RunConfig, ValidationSamplingConfig, load_config
 from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
-from stratarl.observe.run_log import RunLog
+from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.trainer import builders
 from stratarl.trainer.agent_rollout import build_agent_rollout
 from stratarl.trainer.agent_sft import agent_sft_batch
@@ -215,6 +215,6 @@ def run_tool_quickstart(
         "seed": seed,
         "run_dir": str(run_dir),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     RunLog(run_dir, console=console).print_table("tool quickstart summary", summary)
     return summary
