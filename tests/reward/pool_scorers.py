@@ -2,6 +2,8 @@
 
 import asyncio
 import os
+import signal
+import sys
 import time
 
 
@@ -15,6 +17,15 @@ def misbehaving(data_source, solution_str, ground_truth, extra_info=None):
         return 0.5
     if solution_str == "die":
         os._exit(3)
+    if solution_str == "exit0":
+        os._exit(0)
+    if solution_str == "sysexit":
+        sys.exit(3)
+    if solution_str == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if solution_str == "print":
+        print("x" * 2**20)
+        return 0.75
     if solution_str == "boom":
         raise ValueError("scorer exploded")
     if solution_str == "async":
