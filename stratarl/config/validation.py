@@ -327,9 +327,7 @@ def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
         if path:
             problems += tokenizer_dir_problems(key, path)
         elif model_path and Path(model_path).is_dir():  # not found is reported for the model already
-            problems += tokenizer_dir_problems(
-                f"{model_key} (holding the tokenizer: {key} is empty)", model_path
-            )
+            problems += tokenizer_dir_problems(model_key, model_path, because=f"{key} is empty")
     scorer = cfg.reward.custom_function_path
     if scorer and not Path(scorer).is_file():
         problems.append(ConfigProblem(("reward.custom_function_path",), f"file not found: {scorer}"))

@@ -66,9 +66,13 @@ class InProcessScorer:
             data_sources, solution_strs, ground_truths, extra_infos, compute_score=self.compute_score
         )
 
-    def submit(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Future:
+    def submit(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+    ) -> Future:
         future: Future = Future()
-        future.set_result(call_scorer(self.compute_score, data_source, solution_str, ground_truth, extra_info))
+        future.set_result(
+            call_scorer(self.compute_score, data_source, solution_str, ground_truth, extra_info)
+        )
         return future
 
     def close(self) -> None:
@@ -107,7 +111,9 @@ class RewardManager:
     def streams_rule(self) -> bool:
         return self.rule is not None
 
-    def submit(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Future:
+    def submit(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+    ) -> Future:
         """One rule score as a Future of a `ScoreOutcome` (streaming rewards)."""
         assert self.rule is not None, "no rule scorer to stream to (reward.rule_weight=0)"
         return self.rule.submit(data_source, solution_str, ground_truth, extra_info)
@@ -124,7 +130,9 @@ class RewardManager:
         if self.rule is None:
             n = len(inputs.texts)
             return collect_outcomes([ScoreOutcome(0.0) for _ in range(n)], inputs.data_sources)
-        return self.rule.score_batch(inputs.data_sources, inputs.texts, inputs.ground_truths, inputs.extra_infos)
+        return self.rule.score_batch(
+            inputs.data_sources, inputs.texts, inputs.ground_truths, inputs.extra_infos
+        )
 
     def combine(self, rule: RewardResult, inputs: RewardInputs) -> RewardResult:
         """`rule` (scored here or while streaming) plus the other sources, failures and the penalty."""
@@ -133,7 +141,9 @@ class RewardManager:
         if self.rule is not None:
             parts["rule_score"] = rule.scores * self.rule_weight
         if self.model is not None:
-            parts["rm_score"] = self.model.score_conversations(inputs.conversations).float() * self.model_weight
+            parts["rm_score"] = (
+                self.model.score_conversations(inputs.conversations).float() * self.model_weight
+            )
         if self.remote is not None:
             remote = self._score_remote(inputs)
             parts["remote_score"] = remote.scores * self.remote_weight
@@ -155,7 +165,9 @@ class RewardManager:
 
     def _score_remote(self, inputs: RewardInputs) -> RewardResult:
         assert self.remote is not None
-        jobs = list(zip(inputs.data_sources, inputs.texts, inputs.ground_truths, inputs.extra_infos, strict=True))
+        jobs = list(
+            zip(inputs.data_sources, inputs.texts, inputs.ground_truths, inputs.extra_infos, strict=True)
+        )
         with ThreadPoolExecutor(max_workers=self.remote_concurrency) as threads:
             outcomes = list(threads.map(lambda job: call_scorer(self.remote, *job), jobs))
         return collect_outcomes(outcomes, inputs.data_sources, self.max_examples)
@@ -166,6 +178,11 @@ class RewardManager:
         close = getattr(self.model, "close", None)
         if callable(close):
             close()
+
+
+def as_reward_manager(scorer: RewardManager | Callable[..., Any]) -> RewardManager:
+    """The manager itself, or a plain scorer function wrapped to run in this process."""
+    return scorer if isinstance(scorer, RewardManager) else RewardManager.in_process(scorer)
 
 
 def _merge_failures(result: RewardResult, other: RewardResult, *, prefix: str) -> RewardResult:

@@ -80,7 +80,12 @@ class CausalLMJudge:
     def __init__(
         self, model: nn.Module, tokenizer: Any, *, template: str, yes: str, no: str, batch_size: int = 8
     ) -> None:
-        self.model, self.tokenizer, self.template, self.batch_size = model.eval(), tokenizer, template, batch_size
+        self.model, self.tokenizer, self.template, self.batch_size = (
+            model.eval(),
+            tokenizer,
+            template,
+            batch_size,
+        )
         self.verdict_ids = [self._single_token(word) for word in (yes, no)]
 
     def _single_token(self, word: str) -> int:
@@ -99,7 +104,10 @@ class CausalLMJudge:
         text = self.template.format(prompt=prompt, response=response["content"])
         if getattr(self.tokenizer, "chat_template", None):
             ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, return_dict=False
+                [{"role": "user", "content": text}],
+                tokenize=True,
+                add_generation_prompt=True,
+                return_dict=False,
             )
             return [int(t) for t in ids]
         return [int(t) for t in self.tokenizer.encode(text)]
@@ -149,9 +157,16 @@ def load_reward_model(
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or path)
     torch_dtype = getattr(torch, dtype)
     if kind == "sequence_classification":
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, torch_dtype=torch_dtype)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, torch_dtype=torch_dtype
+        )
         return SequenceRewardModel(model.to(device), tokenizer, batch_size=batch_size)
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch_dtype)
     return CausalLMJudge(
-        model.to(device), tokenizer, template=judge_template, yes=judge_yes, no=judge_no, batch_size=batch_size
+        model.to(device),
+        tokenizer,
+        template=judge_template,
+        yes=judge_yes,
+        no=judge_no,
+        batch_size=batch_size,
     )

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from transformers import AutoTokenizer
 
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.kl_control import KLController, make_kl_controller
 from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import RunConfig
+from stratarl.data import tokenizer_loading
 from stratarl.data.collate import collate_prompts
 from stratarl.data.prompt_dataset import PromptDataset, load_prompt_dataset
 from stratarl.reward.custom import load_custom_scorer
@@ -32,7 +32,10 @@ if TYPE_CHECKING:  # the Ray backend imports ray: only when cluster.backend=ray 
 
 
 def load_tokenizer(cfg: RunConfig) -> Any:
-    return AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+    """The policy's tokenizer, with a pad token (`data.tokenizer_loading`)."""
+    return tokenizer_loading.load_tokenizer(
+        cfg.model.tokenizer_path or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
+    )
 
 
 def eos_token_ids(tokenizer: Any) -> list[int]:

@@ -31,7 +31,7 @@ from stratarl.observe.data_metrics import data_metrics, group_signal_share, thro
 from stratarl.observe.plots import plot_learning_curves
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.timing import timed, timing_metrics
-from stratarl.trainer import agent_rollout, builders, checkpointing, phases, sampling_phases
+from stratarl.trainer import agent_rollout, builders, checkpointing, phases, reward_builder, sampling_phases
 from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.run_summary import summary_rows
 from stratarl.trainer.validation import run_validation
@@ -93,14 +93,26 @@ class RLTrainer:
         self.value_loss = builders.build_value_loss(cfg)
         self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
         self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
-        self.compute_score = builders.build_compute_score(cfg)
-        # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
-        self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer, self.compute_score)
         self.sampling = builders.train_sampling(cfg)
         self.plan = BatchPlan.from_config(cfg)
-        # Last, so that nothing after them can fail and leave worker processes behind: the policy,
-        # and for PPO the critic (the actor waits critic.warmup_training_steps steps).
-        self.worker, self.critic = builders.build_workers(cfg, self.tokenizer, total_steps=self.total_steps)
+        # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
+        self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer)
+        # Last, so that nothing after them can fail and leave processes behind: the policy, for PPO
+        # the critic (the actor waits critic.warmup_training_steps steps), then the reward's workers
+        # (a reward model's Ray actor joins the policy's cluster).
+        try:
+            self.worker, self.critic = builders.build_workers(
+                cfg, self.tokenizer, total_steps=self.total_steps
+            )
+            try:
+                self.rewards = reward_builder.build_reward(cfg)
+            except BaseException:
+                self._shutdown_workers()
+                raise
+        except BaseException:
+            if self.agent is not None:
+                self.agent.close()
+            raise
         self.checkpoints = RunCheckpoint(
             self.run_dir / checkpointing.CHECKPOINT_DIR,
             policy=self.worker,
@@ -117,11 +129,19 @@ class RLTrainer:
         try:
             return self._fit()
         finally:
-            try:
-                if self.critic is not None:  # first: the policy's shutdown may end the Ray cluster
-                    self.critic.shutdown()
+            try:  # user code's workers first: a reward model's Ray actor lives in the policy's cluster
+                self.rewards.close()
+                if self.agent is not None:
+                    self.agent.close()
             finally:
-                self.worker.shutdown()
+                self._shutdown_workers()
+
+    def _shutdown_workers(self) -> None:
+        try:
+            if self.critic is not None:  # first: the policy's shutdown may end the Ray cluster
+                self.critic.shutdown()
+        finally:
+            self.worker.shutdown()
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
@@ -251,7 +271,9 @@ class RLTrainer:
                 if self.agent is None:
                     batch = phases.generate(self.worker, batch, self.sampling, seed=seed)
                 else:  # agent.enable: multi-turn episodes; their agent/* metrics join the reward's
-                    batch, agent_metrics = self.agent.generate(self.worker, batch, self.sampling, seed=seed)
+                    batch, agent_metrics = self.agent.generate(
+                        self.worker, batch, self.sampling, seed=seed, rewards=self.rewards
+                    )
                     reward_parts.append(agent_metrics)
             if cfg.algorithm.adv_estimator == "remax":
                 with timed("gen_max", timings):
@@ -260,7 +282,7 @@ class RLTrainer:
                     )
             if "token_level_scores" not in batch:  # else agent.streaming_reward scored it while generating
                 with timed("reward", timings):
-                    batch, result, _ = phases.reward(batch, self.tokenizer, self.compute_score)
+                    batch, result, _ = phases.reward(batch, self.tokenizer, self.rewards)
                 reward_parts.append(result.metrics())
             if filtering.enable:
                 batch, n_dropped = sampling_phases.keep_groups_with_signal(batch, filtering.metric)
@@ -284,7 +306,7 @@ class RLTrainer:
         return batch.take(torch.arange(usable)), metrics
 
     def _score(self, batch: DataProto) -> DataProto:
-        return phases.reward(batch, self.tokenizer, self.compute_score)[0]
+        return phases.reward(batch, self.tokenizer, self.rewards)[0]
 
     def _prepare(self, batch: DataProto, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
         """Old and reference log-probs, rollout correction, then advantages."""
@@ -370,7 +392,7 @@ class RLTrainer:
             self.worker,
             self.val_set,
             tokenizer=self.tokenizer,
-            compute_score=self.compute_score,
+            compute_score=self.rewards,  # the run's reward sources, workers and deadlines included
             sampling=builders.val_sampling(self.cfg),
             n=v.n,
             step=step,
