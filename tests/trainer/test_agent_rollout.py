@@ -9,16 +9,11 @@ import torch
 
 from stratarl.config import ConfigError, load_config, validate_config
 from stratarl.data.schema import read_rows, write_rows
-from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
-from stratarl.data.tiny_models import build_tiny_model
-from stratarl.data.tokenizer_factory import corpus_from_parquet
-from stratarl.observe.run_log import RunLog, read_metrics
+from stratarl.observe.run_log import read_metrics
 from stratarl.trainer import builders, phases, reward_builder
 from stratarl.trainer.agent_rollout import build_agent_rollout, check_agent_names
-from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation, tool_call_success_rate
 from stratarl.trainer.rl_trainer import RLTrainer
-from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.tool_quickstart import RECIPE
 
 SMALL = [
@@ -48,25 +43,8 @@ def tool_config(task, *extra):
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    """The tool task and a 1M model that SFT taught to call the calculator (all demonstrations use it),
-    so that sampled episodes really contain tool calls."""
-    root = tmp_path_factory.mktemp("tool_task")
-    paths = make_tool_dataset(
-        root / "data", n_train=64, n_test=6, digits=(3, 3), tool_fraction=1.0, with_instruction=False, seed=0
-    )
-    corpus = corpus_from_parquet([paths["train"]])
-    task = {**paths, "model": build_tiny_model(root / "model", size="1m", corpus_texts=corpus, seed=0)}
-    cfg = tool_config(task, "sft.lr=3e-3")
-    tokenizer = builders.load_tokenizer(cfg)
-    dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
-    worker = sft_worker(cfg, tokenizer, total_steps=60)
-    log = RunLog(root / "sft")
-    run_sft(worker, dataset, tokenizer, examples_per_step=16, total_steps=60, seed=0, log=log,
-            make_batch=agent_sft_batch)  # fmt: skip
-    worker.save_pretrained(root / "sft_model")
-    tokenizer.save_pretrained(root / "sft_model")
-    return {**task, "model": root / "sft_model"}
+def task(sft_tool_task):
+    return sft_tool_task
 
 
 @pytest.fixture
