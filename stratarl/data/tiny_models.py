@@ -1,4 +1,5 @@
-"""Layer 5, data: the tiny-model factory — a local tokenizer plus a random-init Qwen2 causal LM.
+"""Layer 5, data: the tiny-model factory — a local tokenizer plus a random-init Qwen2 causal LM (and a
+sequence-classification reward model on the same tokenizer).
 
 `build_tiny_model` writes a normal Hugging Face directory (config.json, model.safetensors,
 generation_config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja) that
@@ -12,7 +13,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
 
 from stratarl.data.tokenizer_factory import train_tokenizer
 
@@ -93,6 +101,24 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
     )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_tiny_reward_model(
+    out_dir: str | Path, *, tokenizer_dir: str | Path, size: str = "1m", seed: int = 0
+) -> Path:
+    """A random-init Qwen2 sequence-classification model with one label (a reward model) on the
+    tokenizer saved in `tokenizer_dir`, written with that tokenizer to `out_dir` (`reward.model.path`)."""
+    out = Path(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = tiny_model_config(size=size, tokenizer=tokenizer)
+    config.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from stratarl.reward.registry import ScoreFn, default_compute_score
-from stratarl.reward.score_call import ScoreOutcome, call_scorer
+from stratarl.reward.score_call import ScoreOutcome, call_scorer, finite_float
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +66,7 @@ class RewardResult:
         out["reward/output/bytes"] = float(self.output_bytes)
         out["reward/output/capped_calls"] = float(self.capped_outputs)
         for key, values in self.extra.items():
-            numbers = [float(v) for v in values if isinstance(v, Real) and math.isfinite(float(v))]
+            numbers = [number for v in values if (number := finite_float(v)) is not None]
             if numbers:
                 out[f"reward/{key}/mean"] = sum(numbers) / len(numbers)
         return out

@@ -96,7 +96,8 @@ def run_python(code: str, *, stdin: str = "", limits: SandboxLimits | None = Non
     interpreter = sandbox_interpreter()
     assert interpreter is not None  # require_sandbox checked it
     config = {"workdir": WORKDIR, "python_guard": limits.python_guard}
-    with _data_fd(GUARD.read_bytes()) as guard_fd, _data_fd(code.encode("utf-8")) as program_fd:
+    program = code.encode("utf-8", errors="replace")  # a lone surrogate is a "?", not a crash
+    with _data_fd(GUARD.read_bytes()) as guard_fd, _data_fd(program) as program_fd:
         info_read, info_write = os.pipe()
         try:
             command = namespace_command(
@@ -204,7 +205,7 @@ def _feed(stream: IO[bytes] | None, text: str) -> None:
     if stream is None:
         return
     try:
-        stream.write(text.encode("utf-8"))
+        stream.write(text.encode("utf-8", errors="replace"))
         stream.close()
     except (BrokenPipeError, OSError):
         pass  # the program exited (or was killed) without reading its input

@@ -66,9 +66,21 @@ def normalize_result(result: Any) -> ScoreOutcome:
             result = result.item()
     if not isinstance(result, Real):  # bool, int, float
         return ScoreOutcome(0.0, extras, "bad_return", f"score of type {type(result).__name__}")
-    if not math.isfinite(float(result)):
-        return ScoreOutcome(0.0, extras, "non_finite", f"score {result}")
-    return ScoreOutcome(float(result), extras)
+    value = finite_float(result)
+    if value is None:
+        return ScoreOutcome(0.0, extras, "non_finite", f"score {str(result)[:50]}")
+    return ScoreOutcome(value, extras)
+
+
+def finite_float(value: Any) -> float | None:
+    """`value` as a finite float, or None (NaN, ±inf, an int too large for a float, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return float(value) if isinstance(value, bool) else None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def run_awaitable(awaitable: Any) -> Any:

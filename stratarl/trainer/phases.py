@@ -20,6 +20,7 @@ from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.reward.batch_scorer import RewardResult
 from stratarl.reward.manager import RewardInputs, RewardManager, as_reward_manager
+from stratarl.reward.score_call import finite_float
 from stratarl.reward.token_scores import place_on_last_token
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
@@ -27,6 +28,9 @@ from stratarl.transport.field_checks import validate
 
 # Estimator argument names (the math layer's vocabulary) that differ from the batch's field names.
 ESTIMATOR_ARGUMENT_FIELDS = {"old_log_prob": "old_log_probs"}
+
+# The reward manager's per-source columns (reward.manager), shown in each trajectory record.
+REWARD_SOURCE_COLUMNS = ("rule_score", "rm_score", "remote_score", "overlong_reward")
 
 ROLLOUT_FIELDS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
 
@@ -77,7 +81,7 @@ def reward(
 def reward_inputs(batch: DataProto, texts: Sequence[str]) -> RewardInputs:
     """What the reward sources read for N rows: rule inputs, the conversation (the prompt's messages,
     then the response as the assistant's), and each response's length in tokens (observations too)."""
-    prompt_width = batch["prompts"].shape[1]  # P
+    response_width = batch["responses"].shape[1]  # T
     prompts = batch["raw_prompt"] if "raw_prompt" in batch else [[] for _ in texts]
     return RewardInputs(
         data_sources=[str(s) for s in batch["data_source"]],
@@ -88,7 +92,7 @@ def reward_inputs(batch: DataProto, texts: Sequence[str]) -> RewardInputs:
             [*map(dict, prompt), {"role": "assistant", "content": text}]
             for prompt, text in zip(prompts, texts, strict=True)
         ],
-        response_lengths=batch["attention_mask"][:, prompt_width:].sum(-1),
+        response_lengths=batch["attention_mask"][:, -response_width:].sum(-1),
     )
 
 
@@ -104,11 +108,11 @@ def with_reward_columns(batch: DataProto, result: RewardResult) -> DataProto:
 def reward_extra_columns(result: RewardResult, batch: DataProto) -> dict[str, torch.Tensor]:
     """The scorer's numeric extra keys (e.g. `acc`) as [N] float columns, for dynamic sampling's metric
     and GDPO's components. A row the scorer failed on has no extras: it reads 0 there. A key that
-    would shadow an existing column, or whose values are not numbers, is skipped."""
+    would shadow an existing column, or whose values are not all finite numbers, is skipped."""
     columns = {}
     for key, values in result.extra.items():
-        present = [v for v in values if v is not None]
-        if key in batch or not present or any(not isinstance(v, int | float) for v in present):
+        numbers = [finite_float(v) for v in values if v is not None]
+        if key in batch or not numbers or None in numbers:
             continue
         columns[key] = torch.tensor([0.0 if v is None else float(v) for v in values], dtype=torch.float32)
     return columns
@@ -256,6 +260,8 @@ def trajectory_records(
             "response_tokens": int(mask[i].sum()),
             "finish_reason": batch["finish_reason"][i],
             "reward": float(scores[i]),
+            # where it came from (DESIGN §4, question 7): each source's weighted part, the penalty
+            "reward_sources": {k: float(batch[k][i]) for k in REWARD_SOURCE_COLUMNS if k in batch},
             "reward_failure": batch["reward_failure"][i] if "reward_failure" in batch else "",
             "advantage": advantages[i],
             "weight_version": int(batch["weight_version"][i]),

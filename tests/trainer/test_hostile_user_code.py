@@ -79,7 +79,7 @@ def test_a_scorer_printing_a_megabyte_per_call_is_counted_and_kept_out_of_the_lo
     config = small_config(
         task, *STEPS, f"reward.custom_function_path={scorer}", "reward.function_kwargs={mode: print}"
     )
-    train, trajectories, _, summary = hostile_run(config, tmp_path)
+    train, _, _, summary = hostile_run(config, tmp_path)
     for record in train:
         assert record["reward/output/bytes"] >= 4 * 2**20 and record["reward/output/capped_calls"] == 4.0
         assert record["reward/failures/total"] == 0.0 and record["critic/score/mean"] == 0.5
@@ -98,7 +98,7 @@ def test_in_process_scoring_still_survives_a_raised_system_exit(task, tmp_path):
         f"reward.custom_function_path={scorer}",
         "reward.function_kwargs={mode: sysexit}",
     )
-    train, trajectories, _, _ = hostile_run(config, tmp_path)
+    train, _, _, _ = hostile_run(config, tmp_path)
     assert [r["reward/failures/SystemExit"] for r in train] == [4.0, 4.0]
 
 
