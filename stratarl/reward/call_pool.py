@@ -115,11 +115,23 @@ class CallPool:
                 start_new_session=True,  # its own process group: killed with whatever user code started
             )
         conn = Connection(parent.detach())
-        conn.send({"sys_path": list(sys.path), "max_output_bytes": self.max_output_bytes})
-        conn.send_bytes(self._payload)
+        try:
+            conn.send({"sys_path": list(sys.path), "max_output_bytes": self.max_output_bytes})
+            conn.send_bytes(self._payload)
+        except OSError:  # it died at once: _reap reports the failed start
+            process.wait(timeout=5)
         return _Slot(process, conn, started_at=time.monotonic())
 
     def _dispatch(self) -> None:
+        """The pool's one thread. Should it ever fail, the pool breaks and every job resolves: a
+        caller waiting on a future must never wait forever."""
+        try:
+            self._run()
+        except BaseException as err:
+            self._break(f"{self.name} stopped: {type(err).__name__}: {err}")
+            self._drain_closed()
+
+    def _run(self) -> None:
         while True:
             with self._lock:
                 closed = self._closed

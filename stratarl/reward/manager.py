@@ -32,7 +32,11 @@ from stratarl.reward.score_call import ScoreOutcome, call_scorer
 
 
 class ConversationScorer(Protocol):
+    """A reward model's handle: in the trainer's process or a Ray actor's (`cluster.reward_worker`)."""
+
     def score_conversations(self, conversations: Sequence[list[dict[str, Any]]]) -> Tensor: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ class RewardManager:
 
     @property
     def max_examples(self) -> int:
-        return getattr(self.rule, "max_examples", 3)
+        return self.rule.max_examples if self.rule is not None else 3
 
     def score(self, inputs: RewardInputs) -> RewardResult:
         """All sources for N samples."""
@@ -175,9 +179,8 @@ class RewardManager:
     def close(self) -> None:
         if self.rule is not None:
             self.rule.close()
-        close = getattr(self.model, "close", None)
-        if callable(close):
-            close()
+        if self.model is not None:
+            self.model.close()
 
 
 def as_reward_manager(scorer: RewardManager | Callable[..., Any]) -> RewardManager:

@@ -100,18 +100,14 @@ class RLTrainer:
         # Last, so that nothing after them can fail and leave processes behind: the policy, for PPO
         # the critic (the actor waits critic.warmup_training_steps steps), then the reward's workers
         # (a reward model's Ray actor joins the policy's cluster).
+        self.worker = self.critic = self.rewards = None
         try:
             self.worker, self.critic = builders.build_workers(
                 cfg, self.tokenizer, total_steps=self.total_steps
             )
-            try:
-                self.rewards = reward_builder.build_reward(cfg)
-            except BaseException:
-                self._shutdown_workers()
-                raise
+            self.rewards = reward_builder.build_reward(cfg)
         except BaseException:
-            if self.agent is not None:
-                self.agent.close()
+            self.close()
             raise
         self.checkpoints = RunCheckpoint(
             self.run_dir / checkpointing.CHECKPOINT_DIR,
@@ -129,19 +125,22 @@ class RLTrainer:
         try:
             return self._fit()
         finally:
-            try:  # user code's workers first: a reward model's Ray actor lives in the policy's cluster
-                self.rewards.close()
-                if self.agent is not None:
-                    self.agent.close()
-            finally:
-                self._shutdown_workers()
+            self.close()
 
-    def _shutdown_workers(self) -> None:
+    def close(self) -> None:
+        """Stop every process the trainer started: user code's workers first (a reward model's Ray
+        actor lives in the policy's cluster), then the critic's and the policy's."""
         try:
-            if self.critic is not None:  # first: the policy's shutdown may end the Ray cluster
-                self.critic.shutdown()
+            for part in (self.rewards, self.agent):
+                if part is not None:
+                    part.close()
         finally:
-            self.worker.shutdown()
+            try:
+                if self.critic is not None:  # first: the policy's shutdown may end the Ray cluster
+                    self.critic.shutdown()
+            finally:
+                if self.worker is not None:
+                    self.worker.shutdown()
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
