@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -168,12 +168,19 @@ class RewardManager:
         return result
 
     def _score_remote(self, inputs: RewardInputs) -> RewardResult:
-        assert self.remote is not None
-        jobs = list(
-            zip(inputs.data_sources, inputs.texts, inputs.ground_truths, inputs.extra_infos, strict=True)
-        )
-        with ThreadPoolExecutor(max_workers=self.remote_concurrency) as threads:
-            outcomes = list(threads.map(lambda job: call_scorer(self.remote, *job), jobs))
+        """The remote reward of N samples from `remote_concurrency` threads. Each request has its
+        socket timeout; the batch as a whole has `remote_deadline_s`, past which a sample still
+        waiting (a DNS lookup, which no socket timeout covers) is a `timeout`."""
+        remote = self.remote
+        assert remote is not None
+        jobs = zip(inputs.data_sources, inputs.texts, inputs.ground_truths, inputs.extra_infos, strict=True)
+        threads = ThreadPoolExecutor(max_workers=self.remote_concurrency, thread_name_prefix="remote-reward")
+        futures = [threads.submit(call_scorer, remote, *job) for job in jobs]
+        deadline = remote_deadline_s(remote, len(futures), self.remote_concurrency)
+        wait(futures, timeout=deadline)
+        threads.shutdown(wait=False, cancel_futures=True)
+        late = ScoreOutcome(0.0, {}, "timeout", f"no answer within the batch's {deadline:.0f} s")
+        outcomes = [f.result() if f.done() and not f.cancelled() else late for f in futures]
         return collect_outcomes(outcomes, inputs.data_sources, self.max_examples)
 
     def close(self) -> None:
@@ -181,6 +188,15 @@ class RewardManager:
             self.rule.close()
         if self.model is not None:
             self.model.close()
+
+
+def remote_deadline_s(remote: RemoteScorer, n: int, concurrency: int) -> float:
+    """The longest N remote calls can take when each behaves: every attempt times out, with the
+    backoffs between attempts, in ceil(N / concurrency) waves, plus the rate limit's N / rate."""
+    per_call = sum(
+        remote.timeout_s + min(remote.backoff_s * 2**k, 60.0) for k in range(remote.max_retries + 1)
+    )
+    return -(-n // concurrency) * per_call + n / remote.requests_per_second + 5.0
 
 
 def as_reward_manager(scorer: RewardManager | Callable[..., Any]) -> RewardManager:

@@ -207,3 +207,23 @@ def test_the_reward_model_as_its_own_ray_actor(task, reward_model, tmp_path, mon
     expected_rm = independent_rm_scores(reward_model, [conversation(task, r) for r in records])
     for record, rm in zip(records, expected_rm.tolist(), strict=True):
         assert record["reward_sources"]["rm_score"] == pytest.approx(rm, abs=1e-5)
+
+
+def test_a_remote_reward_that_never_answers_times_out_with_the_batch(monkeypatch):
+    import socket
+    import time
+
+    from stratarl.reward import manager as manager_module
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections, never answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/score"
+    monkeypatch.setattr(manager_module, "remote_deadline_s", lambda remote, n, concurrency: 0.5)
+    inputs = RewardInputs(["d", "d"], ["a", "b"], ["a", "x"], [None, None], [[], []], torch.tensor([1, 1]))
+    manager = RewardManager(None, remote=RemoteScorer(url, timeout_s=30.0, max_retries=0))
+    started = time.monotonic()
+    result = manager.score(inputs)
+    assert time.monotonic() - started < 3.0
+    assert result.failures == {"remote_timeout": 2} and result.scores.tolist() == [0.0, 0.0]
+    silent.close()
