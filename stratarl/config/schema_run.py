@@ -72,7 +72,11 @@ class TrainerConfig:
         "grpo", "experiment name for loggers and the run directory", verl="trainer.experiment_name"
     )
     logger: list[str] = setting(
-        ["console", "jsonl"], "where metrics go (any of the choices)", verl="trainer.logger", choices=LOGGERS
+        ["console", "jsonl"],
+        "where metrics go: jsonl (metrics.jsonl, always), console (a line per step), tensorboard "
+        "(<run_dir>/tensorboard), wandb (offline, <run_dir>/wandb; `wandb sync` uploads it)",
+        verl="trainer.logger",
+        choices=LOGGERS,
     )
     save_trajectories: bool = setting(True, "write one JSONL record per trajectory into the run directory")
 

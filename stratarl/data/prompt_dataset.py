@@ -102,8 +102,15 @@ def load_prompt_dataset(
     *,
     max_prompt_tokens: int,
     max_problems: int = 5,
+    prompt_key: str = "prompt",
+    data_source_key: str = "data_source",
+    filter_overlong: bool = True,
 ) -> PromptDataset:
     """Read verl-schema parquet file(s) as-is into a `PromptDataset`; log and attach the report.
+
+    prompt_key / data_source_key name the message and scorer columns. A prompt over
+    `max_prompt_tokens` is dropped and counted, or (filter_overlong=False) a ValueError naming its
+    file, row and length.
 
     Raises FileNotFoundError / ValueError for a missing or unreadable file, and ValueError when
     no row survives (an empty dataset would otherwise train zero steps without saying why).
@@ -115,13 +122,19 @@ def load_prompt_dataset(
         for row_index, row in enumerate(read_rows(file)):
             report.num_rows += 1
             try:
-                item = _item_from_row(row, tokenizer, file, row_index)
+                item = _item_from_row(row, tokenizer, file, row_index, prompt_key, data_source_key)
             except RowError as err:
                 report.num_malformed += 1
                 if len(report.problems) < max_problems:
                     report.problems.append(RowProblem(file, row_index, str(err)))
                 continue
             if len(item.prompt_ids) > max_prompt_tokens:
+                if not filter_overlong:
+                    raise ValueError(
+                        f"{file} row {row_index}: the prompt has {len(item.prompt_ids)} tokens after the "
+                        f"chat template, over data.max_prompt_tokens={max_prompt_tokens} (with "
+                        "data.filter_overlong=false an over-long prompt is an error; true drops it)"
+                    )
                 report.num_overlong += 1
                 continue
             report.longest_kept_tokens = max(report.longest_kept_tokens, len(item.prompt_ids))
@@ -133,8 +146,10 @@ def load_prompt_dataset(
     return PromptDataset(items, report)
 
 
-def _item_from_row(row: dict[str, Any], tokenizer: Any, file: str, row_index: int) -> PromptItem:
-    verl_row = check_row(row)
+def _item_from_row(
+    row: dict[str, Any], tokenizer: Any, file: str, row_index: int, prompt_key: str, data_source_key: str
+) -> PromptItem:
+    verl_row = check_row(row, prompt_key=prompt_key, data_source_key=data_source_key)
     try:
         prompt_ids = tokenize_prompt(tokenizer, verl_row.messages)
     except Exception as err:  # a template may reject a role or a message layout

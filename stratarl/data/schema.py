@@ -50,11 +50,15 @@ def write_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     return out
 
 
-def check_row(row: dict[str, Any]) -> VerlRow:
-    """The row as a `VerlRow`, or RowError naming the first field that breaks the schema."""
-    data_source = row.get("data_source")
+def check_row(
+    row: dict[str, Any], *, prompt_key: str = "prompt", data_source_key: str = "data_source"
+) -> VerlRow:
+    """The row as a `VerlRow`, or RowError naming the first field that breaks the schema.
+    prompt_key / data_source_key: the columns holding the messages and the scorer's name (verl's
+    data.prompt_key and data.reward_fn_key)."""
+    data_source = row.get(data_source_key)
     if not isinstance(data_source, str) or not data_source:
-        raise RowError(f"data_source must be a non-empty string, got {_describe(data_source)}")
+        raise RowError(f"{data_source_key} must be a non-empty string, got {_describe(data_source)}")
     ability = row.get("ability")
     if ability is not None and not isinstance(ability, str):
         raise RowError(f"ability must be a string, got {_describe(ability)}")
@@ -66,7 +70,7 @@ def check_row(row: dict[str, Any]) -> VerlRow:
         raise RowError(f"agent_name must be a non-empty string or absent, got {_describe(agent_name)}")
     return VerlRow(
         data_source=data_source,
-        messages=_check_messages(row),
+        messages=_check_messages(row, prompt_key),
         ground_truth=_check_ground_truth(row),
         ability=ability or "",
         extra_info=dict(extra_info or {}),
@@ -74,24 +78,24 @@ def check_row(row: dict[str, Any]) -> VerlRow:
     )
 
 
-def _check_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
-    if "prompt" not in row:
-        raise RowError("prompt column is missing")
-    prompt = row["prompt"]
+def _check_messages(row: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    if key not in row:
+        raise RowError(f"{key} column is missing")
+    prompt = row[key]
     if not isinstance(prompt, list | tuple):
-        raise RowError(f"prompt must be a list of chat messages, got {_describe(prompt)}")
+        raise RowError(f"{key} must be a list of chat messages, got {_describe(prompt)}")
     if not prompt:
-        raise RowError("prompt has no messages")
+        raise RowError(f"{key} has no messages")
     messages = []
     for i, message in enumerate(prompt):
         if not isinstance(message, dict):
-            raise RowError(f"prompt[{i}] must be a dict with role and content, got {_describe(message)}")
-        for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                raise RowError(f"prompt[{i}].{key} must be a string, got {_describe(message.get(key))}")
+            raise RowError(f"{key}[{i}] must be a dict with role and content, got {_describe(message)}")
+        for field in ("role", "content"):
+            if not isinstance(message.get(field), str):
+                raise RowError(f"{key}[{i}].{field} must be a string, got {_describe(message.get(field))}")
         # Parquet structs give every message every field seen in the column; drop the null fillers
         # so chat templates that test `'tool_calls' in message` see the original message.
-        messages.append({key: value for key, value in message.items() if value is not None})
+        messages.append({name: value for name, value in message.items() if value is not None})
     return messages
 
 

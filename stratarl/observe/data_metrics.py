@@ -24,8 +24,10 @@ def _stats(prefix: str, values: Tensor) -> dict[str, float]:
     }
 
 
-def data_metrics(batch: DataProto) -> dict[str, float]:
-    """Statistics of a trained batch (after the advantage phase)."""
+def data_metrics(batch: DataProto, *, max_prompt_tokens: int | None = None) -> dict[str, float]:
+    """Statistics of a trained batch (after the advantage phase). `prompt_length/clip_ratio` is the
+    share of prompts at data.max_prompt_tokens (`max_prompt_tokens`; None: at the batch's padded
+    prompt width, which is the longest prompt of the batch, so that share is never 0)."""
     response_mask = batch["response_mask"].bool()  # [N, T]
     max_response = response_mask.shape[1]
     response_length = response_mask.sum(-1).float()  # [N]
@@ -43,7 +45,8 @@ def data_metrics(batch: DataProto) -> dict[str, float]:
     metrics["response_length/clip_ratio"] = (response_length == max_response).float().mean().item()
     metrics["response/aborted_ratio"] = (response_length == 0).float().mean().item()
     metrics |= _stats("prompt_length", prompt_length)
-    metrics["prompt_length/clip_ratio"] = (prompt_length == prompt_mask.shape[1]).float().mean().item()
+    prompt_limit = prompt_mask.shape[1] if max_prompt_tokens is None else max_prompt_tokens
+    metrics["prompt_length/clip_ratio"] = (prompt_length >= prompt_limit).float().mean().item()
     return metrics
 
 
@@ -55,12 +58,6 @@ def throughput_metrics(batch: DataProto, step_seconds: float, num_workers: int =
         "perf/time_per_step": step_seconds,
         "perf/throughput": total_tokens / max(step_seconds, 1e-9) / num_workers,
     }
-
-
-def mean_over_tokens(values: Tensor, mask: Tensor) -> float:
-    """Plain token mean used for logged summaries (e.g. `actor/entropy`)."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum().item() / max(mask.sum().item(), 1.0)
 
 
 def group_signal_share(scores: Tensor, group: Tensor) -> float:

@@ -16,6 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from stratarl.observe.loggers import MetricSink
+
 # The few metrics shown on the console each step; everything goes to metrics.jsonl.
 CONSOLE_METRICS = (
     "critic/score/mean",
@@ -36,21 +38,46 @@ def _jsonable(value: Any) -> Any:
 
 
 class RunLog:
-    """Appends metrics and trajectories under `run_dir`; prints a short line per step."""
+    """Appends metrics and trajectories under `run_dir`; prints a short line per step (unless
+    `print_steps` is off: trainer.logger without `console`); mirrors metrics to attached sinks
+    (`observe.loggers`: TensorBoard, W&B)."""
 
-    def __init__(self, run_dir: str | Path, console: Console | None = None):
+    def __init__(self, run_dir: str | Path, console: Console | None = None, *, print_steps: bool = True):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.trajectories_path = self.run_dir / "trajectories.jsonl"
         self.console = console or Console()
+        self.print_steps = print_steps
         self.history: list[dict[str, Any]] = []
+        self.sinks: list[MetricSink] = []
+
+    def attach(self, sinks: Iterable[MetricSink]) -> None:
+        self.sinks.extend(sinks)
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any], phase: str = "train") -> None:
         record = {"step": step, "phase": phase, **{k: _jsonable(v) for k, v in metrics.items()}}
         self.history.append(record)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink.log(step, metrics, phase)
+
+    def log_image(self, tag: str, png_path: Path, step: int) -> None:
+        for sink in self.sinks:
+            sink.log_image(tag, png_path, step)
+
+    def close(self) -> None:
+        """Flush and close the sinks (each once; a failing one does not keep the others open)."""
+        sinks, self.sinks = self.sinks, []
+        errors = []
+        for sink in sinks:
+            try:
+                sink.close()
+            except Exception as err:  # report after closing the rest
+                errors.append(err)
+        if errors:
+            raise errors[0]
 
     def log_trajectories(self, records: Iterable[Mapping[str, Any]]) -> None:
         with self.trajectories_path.open("a") as f:
@@ -68,6 +95,8 @@ class RunLog:
                 f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
 
     def print_step(self, step: int, total: int, metrics: Mapping[str, Any]) -> None:
+        if not self.print_steps:
+            return
         shown = "  ".join(
             f"{name.split('/', 1)[-1] if name.startswith('critic') else name}={float(metrics[name]):.4g}"
             for name in CONSOLE_METRICS

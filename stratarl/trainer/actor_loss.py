@@ -29,6 +29,7 @@ class ActorLoss:
     policy_loss: str = "vanilla"
     hyperparameters: dict[str, Any] = field(default_factory=dict)  # e.g. clip_ratio_low/high/c
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None  # S of seq-mean-token-sum-norm; None: the padded width T
     entropy_coeff: float = 0.0
     kl_loss_coef: float = 0.0  # 0 = no KL term in the loss
     kl_loss_type: str = "low_var_kl"
@@ -68,6 +69,7 @@ class ActorLoss:
             "dp_size": totals.dp_size,
             "global_num_tokens": totals.num_tokens,
             "global_batch_size": totals.num_sequences,
+            "loss_scale_factor": self.loss_scale_factor,
         }
         weights = micro["rollout_is_weights"] if "rollout_is_weights" in micro.columns else None
         loss_mask, corr_metrics = mask, {}

@@ -43,12 +43,29 @@ def eos_token_ids(tokenizer: Any) -> list[int]:
     return [ids] if isinstance(ids, int) else list(ids)
 
 
+def data_columns(cfg: RunConfig) -> dict[str, Any]:
+    """How rows are read (data.prompt_key, data.data_source_key, data.filter_overlong), as the keyword
+    arguments of `load_prompts`."""
+    d = cfg.data
+    return {
+        "prompt_key": d.prompt_key,
+        "data_source_key": d.data_source_key,
+        "filter_overlong": d.filter_overlong,
+    }
+
+
 def load_prompts(
-    files: list[str], tokenizer: Any, *, max_prompt_tokens: int, limit: int | None, seed: int = 0
+    files: list[str],
+    tokenizer: Any,
+    *,
+    max_prompt_tokens: int,
+    limit: int | None,
+    seed: int = 0,
+    **columns: Any,
 ) -> PromptDataset:
     """The prompts of `files`; with 0 ≤ limit < their number, a seeded subsample of `limit` of them in
-    file order (data.max_*_prompts; a negative limit or None keeps all)."""
-    dataset = load_prompt_dataset(files, tokenizer, max_prompt_tokens=max_prompt_tokens)
+    file order (data.max_*_prompts; a negative limit or None keeps all). `columns`: `data_columns`."""
+    dataset = load_prompt_dataset(files, tokenizer, max_prompt_tokens=max_prompt_tokens, **columns)
     if limit is not None and 0 <= limit < len(dataset):
         keep = np.sort(np.random.default_rng(seed).choice(len(dataset), size=limit, replace=False))
         dataset = PromptDataset([dataset.items[i] for i in keep], dataset.report)
@@ -167,6 +184,7 @@ def build_actor_loss(cfg: RunConfig) -> ActorLoss:
         settings,
         bypass_correction=rollout_correction_settings(cfg) if bypass else None,
         loss_agg_mode=cfg.actor.loss_agg_mode,
+        loss_scale_factor=cfg.actor.loss_scale_factor,
         entropy_coeff=cfg.actor.entropy_coeff,
         kl_loss_coef=cfg.actor.kl_loss_coef if cfg.actor.use_kl_loss else 0.0,
         kl_loss_type=cfg.actor.kl_loss_type,

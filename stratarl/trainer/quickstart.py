@@ -93,9 +93,14 @@ def run_quickstart(
         tokenizer,
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         limit=cfg.data.max_val_prompts,
+        **builders.data_columns(cfg),
     )
     train_set = builders.load_prompts(
-        cfg.data.train_files, tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens, limit=None
+        cfg.data.train_files,
+        tokenizer,
+        max_prompt_tokens=cfg.data.max_prompt_tokens,
+        limit=None,
+        **builders.data_columns(cfg),
     )
 
     console.rule("SFT warm-start")

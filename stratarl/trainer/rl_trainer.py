@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import ExitStack
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import BatchPlan, RunConfig, save_resolved_config, validate_config
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
+from stratarl.observe.loggers import make_sinks
 from stratarl.observe.plots import plot_learning_curves
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.timing import timed, timing_metrics
@@ -66,16 +69,24 @@ class RLTrainer:
         validate_config(cfg)
         seed_everything(cfg.trainer.seed)
         self.cfg = cfg
-        self.log = RunLog(run_dir, console=console)
+        self.log = RunLog(run_dir, console=console, print_steps="console" in cfg.trainer.logger)
         self.run_dir = self.log.run_dir
         self.tokenizer = builders.load_tokenizer(cfg)
         d = cfg.data
         self.train_set = builders.load_prompts(
-            d.train_files, self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=d.max_train_prompts
+            d.train_files,
+            self.tokenizer,
+            max_prompt_tokens=d.max_prompt_tokens,
+            limit=d.max_train_prompts,
+            **builders.data_columns(cfg),
         )
         self.val_set = (
             builders.load_prompts(
-                d.val_files, self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=d.max_val_prompts
+                d.val_files,
+                self.tokenizer,
+                max_prompt_tokens=d.max_prompt_tokens,
+                limit=d.max_val_prompts,
+                **builders.data_columns(cfg),
             )
             if d.val_files
             else None
@@ -121,31 +132,42 @@ class RLTrainer:
     def fit(self) -> dict[str, Any]:
         """Train up to `total_steps` (continuing from a checkpoint when trainer.resume_mode finds one);
         returns the last validation metrics (empty without a val set). Worker processes (Ray) are
-        stopped at the end, also when a step fails."""
-        try:
+        stopped at the end, also when a step fails, and so are the scoring and tool workers and the
+        metric sinks (TensorBoard, W&B)."""
+        with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
+            cleanup.callback(self.log.close)
+            cleanup.callback(self.close)
             return self._fit()
-        finally:
-            self.close()
 
     def close(self) -> None:
-        """Stop every process the trainer started: user code's workers first (a reward model's Ray
-        actor lives in the policy's cluster), then the critic's and the policy's."""
-        try:
-            for part in (self.rewards, self.agent):
-                if part is not None:
-                    part.close()
-        finally:
-            try:
-                if self.critic is not None:  # first: the policy's shutdown may end the Ray cluster
-                    self.critic.shutdown()
-            finally:
-                if self.worker is not None:
-                    self.worker.shutdown()
+        """Stop every process the trainer started, each even if another fails: the scoring and tool
+        workers first (a reward model's Ray actor lives in the policy's cluster), then the critic's
+        ranks, then the policy's (whose shutdown may end the Ray cluster)."""
+        with ExitStack() as cleanup:  # last registered, first run
+            if self.worker is not None:
+                cleanup.callback(self.worker.shutdown)
+            if self.critic is not None:
+                cleanup.callback(self.critic.shutdown)
+            if self.agent is not None:
+                cleanup.callback(self.agent.close)
+            if self.rewards is not None:
+                cleanup.callback(self.rewards.close)
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
         save_resolved_config(self.cfg, self.run_dir)
         start, run_start = self.resume(), time.perf_counter()
+        t = self.cfg.trainer
+        self.log.attach(
+            make_sinks(
+                t.logger,
+                self.run_dir,
+                project=t.project_name,
+                experiment=t.experiment_name,
+                config=asdict(self.cfg),
+                resumed_after=start or None,
+            )
+        )
         last_val: dict[str, float] = self.last_val
         if (
             start == 0
@@ -171,7 +193,8 @@ class RLTrainer:
                     self.save_checkpoint(step)
         self.worker.save_pretrained(self.run_dir / "final")
         self.tokenizer.save_pretrained(self.run_dir / "final")
-        plot_learning_curves(self.log.history, self.run_dir / "curves.png")
+        curves = plot_learning_curves(self.log.history, self.run_dir / "curves.png")
+        self.log.log_image("curves", curves, step=self.total_steps)
         self._print_summary(start, time.perf_counter() - run_start)
         return last_val
 
@@ -244,7 +267,14 @@ class RLTrainer:
             current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
             self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
         metrics = self._step_metrics(
-            batch, timings, collect_metrics, prepare_metrics, critic_metrics, actor_metrics, sync_metrics
+            step,
+            batch,
+            timings,
+            collect_metrics,
+            prepare_metrics,
+            critic_metrics,
+            actor_metrics,
+            sync_metrics,
         )
         if cfg.trainer.save_trajectories:
             texts = phases.decode_responses(self.tokenizer, batch)
@@ -351,12 +381,12 @@ class RLTrainer:
                 seed=self._seed(step) + 1 if self.cfg.actor.shuffle else None,
             )
 
-    def _step_metrics(self, batch, timings, *parts: dict[str, float]) -> dict[str, float]:
+    def _step_metrics(self, step: int, batch, timings, *parts: dict[str, float]) -> dict[str, float]:
         mask = batch["response_mask"]
-        metrics: dict[str, float] = {"training/global_step": float(len(self.log.history) + 1)}
+        metrics: dict[str, float] = {"training/global_step": float(step)}
         for part in parts:
             metrics |= part
-        metrics |= data_metrics(batch)
+        metrics |= data_metrics(batch, max_prompt_tokens=self.cfg.data.max_prompt_tokens)
         if "entropys" in batch:  # bypass mode runs no actor forward before the update
             metrics["actor/entropy"] = aggregate_loss(
                 batch["entropys"], mask, self.cfg.actor.loss_agg_mode

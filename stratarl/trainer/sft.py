@@ -9,6 +9,7 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import RunConfig, save_resolved_config
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
+from stratarl.observe.loggers import make_sinks
 from stratarl.observe.run_log import RunLog
 from stratarl.trainer import builders
 from stratarl.trainer.validation import evaluate_accuracy
@@ -125,13 +127,29 @@ def sft_from_config(cfg: RunConfig, run_dir: str | Path) -> dict[str, float]:
     """`stratarl sft`: SFT on data.train_files with the `sft` settings; greedy accuracy on
     data.val_files before and after; the result saved HF-loadable in run_dir/final."""
 
-    run_dir = Path(run_dir)
+    run_dir, t = Path(run_dir), cfg.trainer
     log = RunLog(run_dir)
+    log.attach(
+        make_sinks(
+            t.logger, run_dir, project=t.project_name, experiment=t.experiment_name, config=asdict(cfg)
+        )
+    )
+    try:
+        return _sft_run(cfg, run_dir, log)
+    finally:
+        log.close()
+
+
+def _sft_run(cfg: RunConfig, run_dir: Path, log: RunLog) -> dict[str, float]:
     save_resolved_config(cfg, run_dir)
     tokenizer = builders.load_tokenizer(cfg)
     d = cfg.data
     train_set = builders.load_prompts(
-        d.train_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None
+        d.train_files,
+        tokenizer,
+        max_prompt_tokens=d.max_prompt_tokens,
+        limit=None,
+        **builders.data_columns(cfg),
     )
     steps = cfg.sft.total_steps or cfg.sft.total_epochs * max(
         1, len(train_set) // cfg.sft.trajectories_per_step
@@ -142,7 +160,11 @@ def sft_from_config(cfg: RunConfig, run_dir: str | Path) -> dict[str, float]:
         if not d.val_files:
             return float("nan")
         val_set = builders.load_prompts(
-            d.val_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None
+            d.val_files,
+            tokenizer,
+            max_prompt_tokens=d.max_prompt_tokens,
+            limit=None,
+            **builders.data_columns(cfg),
         )
         value, metrics = evaluate_accuracy(worker, cfg, tokenizer, val_set, step)
         log.log_metrics(step, metrics, phase="val")

@@ -164,10 +164,18 @@ def run_tool_quickstart(
     tokenizer = builders.load_tokenizer(cfg)
     d = cfg.data
     val_set = builders.load_prompts(
-        d.val_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=d.max_val_prompts
+        d.val_files,
+        tokenizer,
+        max_prompt_tokens=d.max_prompt_tokens,
+        limit=d.max_val_prompts,
+        **builders.data_columns(cfg),
     )
     train_set = builders.load_prompts(
-        d.train_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None
+        d.train_files,
+        tokenizer,
+        max_prompt_tokens=d.max_prompt_tokens,
+        limit=None,
+        **builders.data_columns(cfg),
     )
 
     console.rule("SFT warm-start on multi-turn demonstrations")

@@ -81,7 +81,7 @@ def test_unknown_registry_names_list_the_valid_names(key, registry):
 
 
 def test_values_outside_declared_choices():
-    err = _errors(["trainer.logger=[console,wandbx]", "model.dtype=fp8", "actor.lr_schedule=linear"])
+    err = _errors(["trainer.logger=[console,jsonl,wandbx]", "model.dtype=fp8", "actor.lr_schedule=linear"])
     assert "did you mean 'wandb'" in _message(err, "trainer.logger")
     assert "'bfloat16'" in _message(err, "model.dtype")
     assert "'cosine'" in _message(err, "actor.lr_schedule")

@@ -124,3 +124,23 @@ def test_split_falls_back_to_file_stem(tmp_path, tokenizer):
         write_rows(tmp_path / "valid.parquet", [row]), tokenizer, max_prompt_tokens=64
     )
     assert dataset[0].source_split == "valid" and dataset[0].extra_info == {}
+
+
+def test_prompt_and_data_source_columns_are_read_from_the_configured_keys(tmp_path, tokenizer):
+    row = _row("1+1")
+    renamed = {k: v for k, v in row.items() if k not in ("prompt", "data_source")}
+    renamed |= {"question": row["prompt"], "task": "arithmetic"}
+    path = write_rows(tmp_path / "renamed.parquet", [renamed])
+    dataset = load_prompt_dataset(
+        path, tokenizer, max_prompt_tokens=64, prompt_key="question", data_source_key="task"
+    )
+    assert dataset[0].messages == row["prompt"] and dataset[0].data_source == "arithmetic"
+    with pytest.raises(ValueError, match="no usable prompts"):  # default keys: both columns missing
+        load_prompt_dataset(path, tokenizer, max_prompt_tokens=64)
+
+
+def test_an_overlong_prompt_is_an_error_naming_file_and_row_without_filter_overlong(tmp_path, tokenizer):
+    path = write_rows(tmp_path / "mixed.parquet", [_row("1+1"), _row("1+2+3+4+5+6+7+8+9")])
+    assert len(load_prompt_dataset(path, tokenizer, max_prompt_tokens=12)) == 1  # dropped, counted
+    with pytest.raises(ValueError, match=r"mixed\.parquet row 1: the prompt has \d+ tokens.*filter_overlong"):
+        load_prompt_dataset(path, tokenizer, max_prompt_tokens=12, filter_overlong=False)

@@ -83,9 +83,9 @@ def sampled_batch(worker, task, tokenizer, seed=0):
 
 def test_packed_padded_and_token_budget_updates_agree(task):
     """One update on the same batch from three recipes (fp32). The clipped gradients agree to 1e-7
-    (largest entry ~0.04); the parameter steps to 2 % of lr where the gradient is not near 0 (Adam's first step
-    lr·g/(|g| + ε) magnifies rounding on the few gradients near 0: measured up to 2.05e-6 on 1 of
-    16384 entries, which made a flat 2e-6 bound flaky)."""
+    (largest entry ~0.04); the parameter steps to 2 % of lr where the gradient is not near 0
+    (Adam's first step lr·g/(|g| + ε) magnifies rounding on the few gradients near 0: measured up
+    to 2.05e-6 on 1 of 16384 entries, which made a flat 2e-6 bound flaky)."""
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
     variants = {
         "packed": [],

@@ -90,7 +90,7 @@ def test_a_causal_lm_judge_alone(task, tmp_path):
         "reward.model.judge_yes='1'",
         "reward.model.judge_no='0'",
     )
-    metrics, records = train(config, tmp_path / "run")
+    _, records = train(config, tmp_path / "run")
     for record in records:
         assert set(record["reward_sources"]) == {"rm_score"}
         assert 0.0 < record["reward"] == record["reward_sources"]["rm_score"] < 1.0  # P(yes) among {yes, no}
