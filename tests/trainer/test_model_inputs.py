@@ -15,7 +15,7 @@ from tests.trainer.test_rl_trainer import small_config
 def test_a_tokenizer_without_a_pad_token_trains(task, tmp_path, caplog):
     model = shutil.copytree(task["model"], tmp_path / "model")
     settings = json.loads((model / "tokenizer_config.json").read_text())
-    settings.pop("pad_token", None)
+    settings["pad_token"] = None  # absent, the tokenizer class would supply its own default
     (model / "tokenizer_config.json").write_text(json.dumps(settings))
     config = small_config(task, f"model.path={model}", "trainer.total_steps=1", "trainer.test_freq=1")
     trainer = RLTrainer(config, tmp_path / "run")
