@@ -9,9 +9,17 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-slow test-parity test-vllm real-model test-real lint format clean
+.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real lint format clean
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox-tools
+
+# The code sandbox (docs/rewards.md) is a bubblewrap namespace; without bwrap the code scorer and the
+# python tool refuse to run. Installed with apt where we may (root, apt-get present), else a warning.
+sandbox-tools:
+	@command -v bwrap >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get install -y -q bubblewrap >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }; \
+		else echo "warning: bubblewrap (bwrap) is missing: the code sandbox will refuse to run; install it with your package manager"; fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,10 +32,10 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) -m stratarl quickstart
 
-test: $(STAMP)
+test: $(STAMP) sandbox-tools
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) sandbox-tools
 	$(PY) -m pytest -q -m slow
 
 # Compares stratarl/algo with the real verl 0.9.1 (docs/algorithms/parity.md). --no-deps: verl's own

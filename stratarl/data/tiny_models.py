@@ -1,4 +1,5 @@
-"""Layer 5, data: the tiny-model factory — a local tokenizer plus a random-init HF causal LM.
+"""Layer 5, data: the tiny-model factory — a local tokenizer plus a random-init HF causal LM (and a
+Qwen2 sequence-classification reward model on the same tokenizer).
 
 `build_tiny_model` writes a normal Hugging Face directory (config.json, model.safetensors,
 generation_config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja) that
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoTokenizer,
     CohereConfig,
     Gemma2Config,
     Gemma3TextConfig,
@@ -30,6 +32,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedTokenizerBase,
     Qwen2Config,
+    Qwen2ForSequenceClassification,
     Qwen3Config,
 )
 
@@ -241,6 +244,24 @@ def build_tiny_model(
         size=size, tokenizer=tokenizer, family=family, max_position_embeddings=max_position_embeddings
     )
     return save_tiny_model(out_dir, config=config, tokenizer=tokenizer, seed=seed)
+
+
+def build_tiny_reward_model(
+    out_dir: str | Path, *, tokenizer_dir: str | Path, size: str = "1m", seed: int = 0
+) -> Path:
+    """A random-init Qwen2 sequence-classification model with one label (a reward model) on the
+    tokenizer saved in `tokenizer_dir`, written with that tokenizer to `out_dir` (`reward.model.path`)."""
+    out = Path(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = tiny_model_config(size=size, tokenizer=tokenizer)
+    config.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.kl_control import KLController, make_kl_controller
@@ -32,6 +31,7 @@ from stratarl.cluster.specs import (
 )
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
+from stratarl.data import tokenizer_loading
 from stratarl.data.collate import collate_prompts
 from stratarl.data.prompt_dataset import PromptDataset, load_prompt_dataset
 from stratarl.reward.custom import load_custom_scorer
@@ -43,8 +43,10 @@ from stratarl.transport.data_proto import DataProto
 
 
 def load_tokenizer(cfg: RunConfig) -> Any:
-    path = cfg.model.tokenizer_path or cfg.model.path
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    """The policy's tokenizer, with a pad token (`data.tokenizer_loading`)."""
+    return tokenizer_loading.load_tokenizer(
+        cfg.model.tokenizer_path or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
+    )
 
 
 def eos_token_ids(tokenizer: Any) -> list[int]:

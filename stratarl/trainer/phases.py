@@ -17,7 +17,9 @@ from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
 from stratarl.cluster.handles import CriticHandle, PolicyHandle
-from stratarl.reward.batch_scorer import RewardResult, score_batch
+from stratarl.reward.batch_scorer import RewardResult
+from stratarl.reward.manager import RewardInputs, RewardManager, as_reward_manager
+from stratarl.reward.score_call import finite_float
 from stratarl.reward.token_scores import place_on_last_token
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
@@ -26,6 +28,9 @@ from stratarl.transport.fields import FIELDS
 
 # Estimator argument names (the math layer's vocabulary) that differ from the batch's field names.
 ESTIMATOR_ARGUMENT_FIELDS = {"old_log_prob": "old_log_probs"}
+
+# The reward manager's per-source columns (reward.manager), shown in each trajectory record.
+REWARD_SOURCE_COLUMNS = ("rule_score", "rm_score", "remote_score", "overlong_reward")
 
 ROLLOUT_FIELDS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
 
@@ -59,34 +64,57 @@ def decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
 
 
 def reward(
-    batch: DataProto, tokenizer: Any, compute_score: Callable[..., Any]
+    batch: DataProto, tokenizer: Any, rewards: RewardManager | Callable[..., Any]
 ) -> tuple[DataProto, RewardResult, list[str]]:
-    """Score each response; the score sits on its last action token (`token_level_scores`)."""
+    """Score each response with the run's reward sources (`RewardManager`; a plain scorer function is
+    called in this process); the score sits on its last action token (`token_level_scores`), each
+    sample's failure reason (or "") in `reward_failure`."""
     validate(batch, reads=["responses", "response_mask", "data_source"], phase="reward")
     texts = decode_responses(tokenizer, batch)
-    result = score_batch(
-        list(batch["data_source"]),
-        texts,
-        list(batch["ground_truth"]),
-        list(batch["extra_info"]),
-        compute_score=compute_score,
-    )
+    result = as_reward_manager(rewards).score(reward_inputs(batch, texts))
     scores = place_on_last_token(result.scores, batch["response_mask"])  # [N, T]
-    batch = batch.union(
-        DataProto.from_dict({"token_level_scores": scores, **reward_extra_columns(result, batch)})
-    )
+    batch = with_reward_columns(batch.union(DataProto.from_dict({"token_level_scores": scores})), result)
     validate(batch, writes=["token_level_scores"], phase="reward")
     return batch, result, texts
 
 
+def reward_inputs(batch: DataProto, texts: Sequence[str]) -> RewardInputs:
+    """What the reward sources read for N rows: rule inputs, the conversation (the prompt's messages,
+    then the response as the assistant's), and each response's length in tokens (observations too)."""
+    response_width = batch["responses"].shape[1]  # T
+    prompts = batch["raw_prompt"] if "raw_prompt" in batch else [[] for _ in texts]
+    return RewardInputs(
+        data_sources=[str(s) for s in batch["data_source"]],
+        texts=list(texts),
+        ground_truths=list(batch["ground_truth"]),
+        extra_infos=list(batch["extra_info"]),
+        conversations=[
+            [*map(dict, prompt), {"role": "assistant", "content": text}]
+            for prompt, text in zip(prompts, texts, strict=True)
+        ],
+        response_lengths=batch["attention_mask"][:, -response_width:].sum(-1),
+    )
+
+
+def with_reward_columns(batch: DataProto, result: RewardResult) -> DataProto:
+    """`batch` with the scorers' numeric extras and `reward_failure` (each row's reason, "" if none)."""
+    reasons = np.array(
+        [reason or "" for reason in result.sample_failures or [None] * len(batch)], dtype=object
+    )
+    columns = reward_extra_columns(result, batch)
+    return batch.union(DataProto.from_dict(columns or None, non_tensors={"reward_failure": reasons}))
+
+
 def reward_extra_columns(result: RewardResult, batch: DataProto) -> dict[str, torch.Tensor]:
     """The scorer's numeric extra keys (e.g. `acc`) as [N] float columns, for dynamic sampling's metric
-    and GDPO's components; a key that would shadow an existing column is skipped."""
+    and GDPO's components. A row the scorer failed on has no extras: it reads 0 there. A key that
+    would shadow an existing column, or whose values are not all finite numbers, is skipped."""
     columns = {}
     for key, values in result.extra.items():
-        if key in batch or any(not isinstance(v, int | float) for v in values):
+        numbers = [finite_float(v) for v in values if v is not None]
+        if key in batch or not numbers or None in numbers:
             continue
-        columns[key] = torch.tensor([float(v) for v in values], dtype=torch.float32)
+        columns[key] = torch.tensor([0.0 if v is None else float(v) for v in values], dtype=torch.float32)
     return columns
 
 
@@ -236,6 +264,9 @@ def trajectory_records(
             "finish_reason": batch["finish_reason"][i],
             "reward": float(scores[i]),
             "reward_extra": {name: float(column[i]) for name, column in extras.items()},
+            # where it came from (DESIGN §4, question 7): each source's weighted part, the penalty
+            "reward_sources": {k: float(batch[k][i]) for k in REWARD_SOURCE_COLUMNS if k in batch},
+            "reward_failure": batch["reward_failure"][i] if "reward_failure" in batch else "",
             "advantage": advantages[i],
             "weight_version": int(batch["weight_version"][i]),
         }

@@ -46,6 +46,7 @@ from stratarl.trainer import (
     checkpointing,
     phases,
     preflight,
+    reward_builder,
     run_watch,
     sampling_phases,
 )
@@ -112,16 +113,25 @@ class RLTrainer:
         self.value_loss = builders.build_value_loss(cfg)
         self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
         self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
-        # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
-        self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer, self.compute_score)
         self.sampling = builders.train_sampling(cfg)
         self.plan = BatchPlan.from_config(cfg)
         self.tracer = StepTracer(cfg, self.tokenizer, self.run_dir)
         self.watchdog = run_watch.build_watchdog(cfg, self.run_dir)  # None: watchdog.enable=false
         self.monitor = PhaseMonitor(self.watchdog, roles=run_watch.PHASE_ROLES)
-        # Last, so that nothing after them can fail and leave worker processes behind: the policy,
-        # and for PPO the critic (the actor waits critic.warmup_training_steps steps).
-        self.worker, self.critic = builders.build_workers(cfg, self.tokenizer, total_steps=self.total_steps)
+        # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
+        self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer)
+        # Last, so that nothing after them can fail and leave processes behind: the policy, for PPO
+        # the critic (the actor waits critic.warmup_training_steps steps), then the reward's workers
+        # (a reward model's Ray actor joins the policy's cluster).
+        self.worker = self.critic = self.rewards = None
+        try:
+            self.worker, self.critic = builders.build_workers(
+                cfg, self.tokenizer, total_steps=self.total_steps
+            )
+            self.rewards = reward_builder.build_reward(cfg)
+        except BaseException:
+            self.stop_processes()
+            raise
         self.checkpoints = RunCheckpoint(
             self.run_dir / checkpointing.CHECKPOINT_DIR,
             policy=self.worker,
@@ -131,15 +141,11 @@ class RLTrainer:
         )
         self.last_val: dict[str, float] = {}
 
-    def close(self) -> None:
-        """Release the run directory without training (`fit` releases it when it ends)."""
-        self.claim.release()
-
     # ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         """Train up to `total_steps` (continuing from a checkpoint when trainer.resume_mode finds one);
         returns the last validation metrics (empty without a val set). Worker processes (Ray) are
-        stopped at the end, also when a step fails, and so are the agent's scoring pool and the
+        stopped at the end, also when a step fails, and so are the scoring and tool workers and the
         metric sinks (TensorBoard, W&B)."""
         with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
             cleanup.callback(self.claim.release)  # last: the run directory is free once all stopped
@@ -147,11 +153,7 @@ class RLTrainer:
                 self.watchdog.start()
                 cleanup.callback(self.watchdog.stop)
             cleanup.callback(self.log.close)
-            cleanup.callback(self.worker.shutdown)
-            if self.critic is not None:  # before the policy's: that shutdown may end the Ray cluster
-                cleanup.callback(self.critic.shutdown)
-            if self.agent is not None:
-                cleanup.callback(self.agent.close)
+            cleanup.callback(self.stop_processes)
             if self.watchdog is not None:  # every worker process can dump its stacks from now on
                 workers = {"actor": self.worker, "critic": self.critic}
                 run_watch.watch_workers(self.watchdog, self.run_dir, workers)
@@ -160,6 +162,28 @@ class RLTrainer:
             except Exception as error:  # for `stratarl doctor` (a watchdog timeout wrote its own report)
                 write_error_report(self.run_dir, error, self.monitor.failed_in)
                 raise
+
+    def close(self) -> None:
+        """Without training: stop every process the trainer started and release the run directory
+        (`fit` does both when it ends)."""
+        try:
+            self.stop_processes()
+        finally:
+            self.claim.release()
+
+    def stop_processes(self) -> None:
+        """Stop every process the trainer started, each even if another fails: the scoring and tool
+        workers first (a reward model's Ray actor lives in the policy's cluster), then the critic's
+        ranks, then the policy's (whose shutdown may end the Ray cluster)."""
+        with ExitStack() as cleanup:  # last registered, first run
+            if self.worker is not None:
+                cleanup.callback(self.worker.shutdown)
+            if self.critic is not None:
+                cleanup.callback(self.critic.shutdown)
+            if self.agent is not None:
+                cleanup.callback(self.agent.close)
+            if self.rewards is not None:
+                cleanup.callback(self.rewards.close)
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
@@ -334,7 +358,9 @@ class RLTrainer:
                 if self.agent is None:
                     batch = phases.generate(self.worker, batch, self.sampling, seed=seed)
                 else:  # agent.enable: multi-turn episodes; their agent/* metrics join the reward's
-                    batch, agent_metrics = self.agent.generate(self.worker, batch, self.sampling, seed=seed)
+                    batch, agent_metrics = self.agent.generate(
+                        self.worker, batch, self.sampling, seed=seed, rewards=self.rewards
+                    )
                     reward_parts.append(agent_metrics)
             self.tracer.after_rollout(batch, self.sampling, seed)
             if cfg.algorithm.adv_estimator == "remax":
@@ -345,7 +371,7 @@ class RLTrainer:
             result = None  # agent.streaming_reward scored the episodes while generating
             if "token_level_scores" not in batch:
                 with self.monitor.phase("reward", timings, step=step, rows=len(batch)):
-                    batch, result, _ = phases.reward(batch, self.tokenizer, self.compute_score)
+                    batch, result, _ = phases.reward(batch, self.tokenizer, self.rewards)
                 reward_parts.append(result.metrics())
             self.tracer.after_reward(batch, result)
             if filtering.enable:
@@ -370,7 +396,7 @@ class RLTrainer:
         return batch.take(torch.arange(usable)), metrics
 
     def _score(self, batch: DataProto) -> DataProto:
-        return phases.reward(batch, self.tokenizer, self.compute_score)[0]
+        return phases.reward(batch, self.tokenizer, self.rewards)[0]
 
     def _prepare(
         self, batch: DataProto, timings: dict[str, float], step: int
@@ -459,7 +485,7 @@ class RLTrainer:
                 self.worker,
                 self.val_set,
                 tokenizer=self.tokenizer,
-                compute_score=self.compute_score,
+                compute_score=self.rewards,  # the run's reward sources, workers and deadlines included
                 sampling=builders.val_sampling(self.cfg),
                 n=v.n,
                 step=step,

@@ -24,7 +24,8 @@ def summary_rows(
     seconds: float,
 ) -> dict[str, Any]:
     """Rows of the run summary: steps run, wall time, `where` (paths), the last step's score and
-    entropy, the mean bytes per step that passed through the controller, the last val-core metrics."""
+    entropy, the mean bytes per step that passed through the controller, the failures of user code
+    over the run (scorers; tools and interactions in agent runs), the last val-core metrics."""
     train = [record for record in history if record.get("phase") == "train"]
     rows: dict[str, Any] = {
         "steps": f"{start + 1}..{total_steps} this run (of {total_steps})"
@@ -36,6 +37,9 @@ def summary_rows(
     if train:
         rows |= {k: v for k, v in train[-1].items() if k in LAST_STEP_METRICS}
         rows |= {f"{k} per step": sum(r.get(k, 0.0) for r in train) / len(train) for k in TRAFFIC_METRICS}
+        rows["reward failures"] = failure_summary(train, "reward/failures/")
+        if any(key.startswith("agent/") for key in train[-1]):
+            rows["agent failures"] = failure_summary(train, "agent/failures/")
     rows |= {k: v for k, v in last_val.items() if k.startswith("val-core/")}
     return rows
 
@@ -55,3 +59,15 @@ def write_summary(log: RunLog, rows: Mapping[str, Any], last_val: Mapping[str, f
     log.print_table("run summary", rows)
     record = {**rows, "last_validation": dict(last_val)}
     write_atomically(log.run_dir / "summary.json", json.dumps(record, indent=2) + "\n")
+
+
+def failure_summary(records: list[dict[str, Any]], prefix: str) -> str:
+    """The run's failures of user code summed over its steps by reason, e.g. "SystemExit: 1, timeout: 3",
+    or "none"; the per-data-source counts stay in metrics.jsonl."""
+    totals: dict[str, float] = {}
+    for record in records:
+        for key, value in record.items():
+            reason = key.removeprefix(prefix)
+            if key.startswith(prefix) and "/" not in reason and reason != "total" and value:
+                totals[reason] = totals.get(reason, 0.0) + value
+    return ", ".join(f"{reason}: {int(count)}" for reason, count in sorted(totals.items())) or "none"

@@ -88,27 +88,30 @@ def evaluate_agent(
     tool-call success rate (attempted calls that ran without error) and the share of episodes that
     used the tool, as `<metric>_greedy` / `<metric>_sampled`."""
     compute_score = builders.build_compute_score(cfg)
-    agent = build_agent_rollout(cfg, tokenizer, compute_score)
+    agent = build_agent_rollout(cfg, tokenizer)
     assert agent is not None, "the tool quickstart needs agent.enable=true"
     sampled_kwargs = sampled_eval_settings(cfg.rollout.val_kwargs)
     sampled = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, val_kwargs=sampled_kwargs))
     out: dict[str, float | None] = {}
-    for name, eval_cfg in (("greedy", cfg), ("sampled", sampled)):
-        n = eval_cfg.rollout.val_kwargs.n
-        metrics, _ = run_agent_validation(
-            agent,
-            worker,
-            dataset,
-            tokenizer=tokenizer,
-            compute_score=compute_score,
-            sampling=builders.val_sampling(eval_cfg),
-            n=n,
-            step=step,
-            seed=cfg.trainer.seed,
-        )
-        out[f"accuracy_{name}"] = overall_accuracy(metrics, n)
-        out[f"tool_call_success_rate_{name}"] = metrics.get(TOOL_SUCCESS_KEY)  # None: no call attempted
-        out[f"used_tool_fraction_{name}"] = metrics.get(USED_TOOL_KEY, 0.0)
+    try:
+        for name, eval_cfg in (("greedy", cfg), ("sampled", sampled)):
+            n = eval_cfg.rollout.val_kwargs.n
+            metrics, _ = run_agent_validation(
+                agent,
+                worker,
+                dataset,
+                tokenizer=tokenizer,
+                compute_score=compute_score,
+                sampling=builders.val_sampling(eval_cfg),
+                n=n,
+                step=step,
+                seed=cfg.trainer.seed,
+            )
+            out[f"accuracy_{name}"] = overall_accuracy(metrics, n)
+            out[f"tool_call_success_rate_{name}"] = metrics.get(TOOL_SUCCESS_KEY)  # None: none attempted
+            out[f"used_tool_fraction_{name}"] = metrics.get(USED_TOOL_KEY, 0.0)
+    finally:
+        agent.close()  # its tool workers
     return out
 
 
