@@ -27,19 +27,14 @@ import torch
 from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 
-from stratarl.algo.aggregation import aggregate_loss
-from stratarl.algo.groups import group_ids_from_uids
-from stratarl.algo.value_loss import explained_variance
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
-from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
 from stratarl.observe.loggers import make_sinks
 from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.observe.plots import plot_learning_curves, plot_run
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.stack_dumps import write_error_report
-from stratarl.observe.timing import timing_metrics
 from stratarl.trainer import (
     agent_rollout,
     builders,
@@ -51,13 +46,13 @@ from stratarl.trainer import (
     sampling_phases,
 )
 from stratarl.trainer.agent_validation import run_agent_validation
+from stratarl.trainer.collect import BatchCollector
 from stratarl.trainer.run_directory import RunLock, claim_run_directory
 from stratarl.trainer.run_summary import summary_rows, where, write_summary
+from stratarl.trainer.step_metrics import step_metrics
 from stratarl.trainer.tracing import StepTracer, step_diagnostics
 from stratarl.trainer.validation import clipping_warning, run_validation
 from stratarl.transport.data_proto import DataProto
-
-LOW_SIGNAL_SHARE = 0.1  # warn when fewer groups than this carry any reward variance
 
 
 def seed_everything(seed: int) -> None:
@@ -132,6 +127,19 @@ class RLTrainer:
         except BaseException:
             self.stop_processes()
             raise
+        self.collector = BatchCollector(
+            cfg,
+            self.train_set,
+            self.sampler,
+            self.tokenizer,
+            self.worker,
+            self.sampling,
+            self.rewards,
+            self.monitor,
+            self.tracer,
+            step_seed=self._seed,
+            agent=self.agent,
+        )
         self.checkpoints = RunCheckpoint(
             self.run_dir / checkpointing.CHECKPOINT_DIR,
             policy=self.worker,
@@ -295,7 +303,7 @@ class RLTrainer:
         cfg, timings, phase = self.cfg, {}, self.monitor.phase
         self.tracer.begin(step)
         with self.tracer.written_on_failure(), phase("step", timings, step=step):
-            batch, collect_metrics = self._collect(step, timings)
+            batch, collect_metrics = self.collector.collect(step, timings)
             batch, prepare_metrics = self._prepare(batch, timings, step)
             self.tracer.after_advantage(batch)
             critic_metrics = self._update_critic(batch, step, timings)
@@ -321,10 +329,7 @@ class RLTrainer:
         if self.kl_ctrl is not None:
             current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
             self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
-        metrics = self._step_metrics(
-            step,
-            batch,
-            timings,
+        parts = [
             # first: the phases' own metrics of the same names (e.g. bypass mode's rollout_corr/*) win
             step_diagnostics(batch, trained_version if actor_metrics else None),
             collect_metrics,
@@ -333,6 +338,16 @@ class RLTrainer:
             actor_metrics,
             sync_metrics,
             self.monitor.memory.take_metrics(),
+        ]
+        metrics = step_metrics(
+            step,
+            batch,
+            timings,
+            parts,
+            cfg=cfg,
+            worker=self.worker,
+            critic=self.critic,
+            console=self.log.console,
         )
         if cfg.trainer.save_trajectories:
             texts = phases.decode_responses(self.tokenizer, batch)
@@ -340,63 +355,6 @@ class RLTrainer:
             records = phases.trajectory_records(batch, texts, prompt_texts, step)
             self.log.log_trajectories(agent_rollout.with_agent_records(records, batch))
         return metrics
-
-    def _collect(self, step: int, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
-        """Rollout and reward for B prompts × n; with DAPO's dynamic sampling, rounds of them until B
-        prompts whose groups carry signal are kept (or the round cap is hit)."""
-        cfg, n = self.cfg, self.cfg.rollout.n
-        filtering = cfg.algorithm.filter_groups
-        target, kept, reward_parts, dropped, rounds = cfg.data.prompts_per_step * n, [], [], 0, 0
-        while True:
-            rounds += 1
-            prompts = builders.prompts_batch(
-                self.train_set, self.sampler.next_batch(), self.tokenizer.pad_token_id
-            )
-            batch = phases.expand_prompts(prompts, n, f"{step}.{rounds}")
-            seed = self._seed(step) + 7919 * rounds
-            with self.monitor.phase("gen", timings, step=step, rows=len(batch)):
-                if self.agent is None:
-                    batch = phases.generate(self.worker, batch, self.sampling, seed=seed)
-                else:  # agent.enable: multi-turn episodes; their agent/* metrics join the reward's
-                    batch, agent_metrics = self.agent.generate(
-                        self.worker, batch, self.sampling, seed=seed, rewards=self.rewards
-                    )
-                    reward_parts.append(agent_metrics)
-            self.tracer.after_rollout(batch, self.sampling, seed)
-            if cfg.algorithm.adv_estimator == "remax":
-                with self.monitor.phase("gen_max", timings, step=step, rows=len(batch)):
-                    batch = sampling_phases.greedy_baselines(
-                        self.worker, batch, n, self.sampling, self._score
-                    )
-            result = None  # agent.streaming_reward scored the episodes while generating
-            if "token_level_scores" not in batch:
-                with self.monitor.phase("reward", timings, step=step, rows=len(batch)):
-                    batch, result, _ = phases.reward(batch, self.tokenizer, self.rewards)
-                reward_parts.append(result.metrics())
-            self.tracer.after_reward(batch, result)
-            if filtering.enable:
-                batch, n_dropped = sampling_phases.keep_groups_with_signal(batch, filtering.metric)
-                dropped += n_dropped
-            kept.append(batch)
-            have = sum(len(b) for b in kept)
-            cap_hit = filtering.max_num_gen_batches > 0 and rounds >= filtering.max_num_gen_batches
-            if not filtering.enable or have >= target or cap_hit:
-                break
-        batch = DataProto.concat([b for b in kept if len(b)]) if have else kept[0]
-        mini = cfg.actor.prompts_per_mini_batch * n
-        usable = target if have >= target else (have // mini) * mini or (have // n) * n
-        if usable == 0:
-            raise RuntimeError(
-                f"step {step}: dynamic sampling kept no group with reward variance in {rounds} rounds "
-                f"(algorithm.filter_groups.max_num_gen_batches={filtering.max_num_gen_batches}); the "
-                "reward gives no learning signal on this data — check the scorer, or disable filtering"
-            )
-        metrics = sampling_phases.sum_reward_metrics(reward_parts)
-        metrics |= {"batch/gen_rounds": float(rounds), "batch/dropped_groups": float(dropped)}
-        return batch.take(torch.arange(usable)), metrics
-
-    def _score(self, batch: DataProto) -> DataProto:
-        return phases.reward(batch, self.tokenizer, self.rewards)[0]
 
     def _prepare(
         self, batch: DataProto, timings: dict[str, float], step: int
@@ -443,35 +401,6 @@ class RLTrainer:
                 epochs=c.ppo_epochs,
                 seed=self._seed(step) + 1 if self.cfg.actor.shuffle else None,
             )
-
-    def _step_metrics(self, step: int, batch, timings, *parts: dict[str, float]) -> dict[str, float]:
-        mask = batch["response_mask"]
-        metrics: dict[str, float] = {"training/global_step": float(step)}
-        for part in parts:
-            metrics |= part
-        metrics |= data_metrics(batch, max_prompt_tokens=self.cfg.data.max_prompt_tokens)
-        if "entropys" in batch:  # bypass mode runs no actor forward before the update
-            metrics["actor/entropy"] = aggregate_loss(
-                batch["entropys"], mask, self.cfg.actor.loss_agg_mode
-            ).item()
-        if "values" in batch:
-            metrics["critic/vf_explained_var"] = explained_variance(batch["returns"], batch["values"], mask)
-        share = group_signal_share(batch["token_level_scores"].sum(-1), group_ids_from_uids(batch["uid"]))
-        metrics["batch/groups_with_signal"] = share
-        if share < LOW_SIGNAL_SHARE:
-            self.log.console.print(
-                f"[yellow]warning: only {share:.0%} of groups have any reward variance; group-relative "
-                "advantages are 0 for the rest, so the policy barely moves (reward too sparse or too easy?)"
-            )
-        n_response = int(mask.sum())
-        metrics |= timing_metrics(timings, n_response, int(batch["attention_mask"].sum()))
-        metrics |= throughput_metrics(batch, timings["step"])
-        traffic = self.worker.controller_bytes()  # what crossed process boundaries via the controller
-        if self.critic is not None:  # the critic's ranks are processes too
-            critic_traffic = self.critic.controller_bytes()
-            traffic = {key: value + critic_traffic[key] for key, value in traffic.items()}
-        metrics |= traffic
-        return metrics
 
     def _seed(self, step: int) -> int:
         return self.cfg.trainer.seed * 1_000_003 + step * 10_007
