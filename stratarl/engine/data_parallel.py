@@ -90,6 +90,13 @@ class DataParallel:
         """The dtype for torch.autocast: only in one process (FSDP2 casts the parameters itself)."""
         return DTYPES[self.param_dtype] if self.mesh is None and self.param_dtype else None
 
+    def compute_device(self, module: nn.Module) -> torch.device:
+        """Where `module` computes, so where its batches go: its parameters' device, except under FSDP2
+        CPU offload, whose shards live in CPU memory and are gathered on this rank's GPU to compute."""
+        if self.offload_params and self.mesh is not None:
+            return torch.device(self.mesh.device_type, torch.cuda.current_device())
+        return next(module.parameters()).device
+
     # --- reductions ----------------------------------------------------------------------------
     def reduce(self, values: Sequence[float], op: str) -> list[float]:
         """Element-wise all-reduce ("sum", "max", "min") over the ranks, in float64."""
