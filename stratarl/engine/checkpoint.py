@@ -61,7 +61,7 @@ PARTS = ("model", "optimizer", "extra")
 
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # never a context where none was used
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
