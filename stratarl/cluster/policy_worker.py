@@ -100,6 +100,7 @@ class PolicyWorker:
         on_gpu = self.actor.device.type != "cpu"
         self.frees_rollout_cache = on_gpu and self.rollout is not None and spec.rollout.free_cache_engine
         self.offloads_optimizer = on_gpu and spec.precision.offload_optimizer
+        self.released_bytes = 0  # KV cache freed since the last update (its metric)
 
     # --- the colocated memory hand-off -----------------------------------------------------------
     def release_rollout_cache(self) -> int:
@@ -110,6 +111,7 @@ class PolicyWorker:
         released = self.rollout.release_memory()
         if released and torch.cuda.is_available():
             torch.cuda.empty_cache()
+        self.released_bytes += released
         return released
 
     # --- rollout -------------------------------------------------------------------------------
@@ -192,7 +194,7 @@ class PolicyWorker:
     ) -> dict[str, float]:
         """One actor update, inside the hand-off: the rollout's KV cache released first, the optimizer
         state brought back from CPU memory for the update and sent there again after it."""
-        released = self.release_rollout_cache()
+        self.release_rollout_cache()
         if self.offloads_optimizer:
             self.actor.reload_optimizer()
         metrics = self.actor.update(
@@ -205,8 +207,9 @@ class PolicyWorker:
         )
         if self.actor.device.type != "cpu":  # spent: generation gets their memory (4 bytes a parameter)
             self.actor.free_gradients()
-        if self.frees_rollout_cache:
-            metrics["perf/rollout_cache_released_gb"] = released / GIB
+        if self.frees_rollout_cache:  # at this step's first training phase, usually the old log-prob
+            metrics["perf/rollout_cache_released_gb"] = self.released_bytes / GIB
+            self.released_bytes = 0
         if self.offloads_optimizer:
             metrics["perf/optimizer_offloaded_gb"] = self.actor.offload_optimizer() / GIB
             torch.cuda.empty_cache()

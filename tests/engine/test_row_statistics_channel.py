@@ -58,6 +58,7 @@ class _Worker:
     that no memory hand-off applies (a CPU worker without a rollout engine)."""
 
     frees_rollout_cache = offloads_optimizer = False
+    released_bytes = 0
 
     def __init__(self, actor):
         self.actor = actor

@@ -1,7 +1,7 @@
 """bf16 rollout and the colocated hand-off keys reach the workers: rollout.dtype serves the rollout's
 copy in bf16 over fp32 training, whose log-probs then differ from the actor's by bf16 rounding only
 (measured on CPU: mean 1.3e-3, max 4.3e-3 nats on the tiny task model); and the hand-off
-(rollout.free_cache_engine, actor.fsdp.optimizer_offload) is a no-op on CPU."""
+(rollout.free_cache_engine, actor.fsdp.optimizer_offload) is a no-op on CPU, and where it applies frees the cache at the first training phase."""
 
 import torch
 from transformers import AutoTokenizer
@@ -46,3 +46,27 @@ def test_the_hand_off_keys_reach_the_worker_and_do_nothing_on_cpu(task):
     metrics = worker.update_actor(batch, ActorLoss(), mini_batch_size=8)
     assert "perf/rollout_cache_released_gb" not in metrics and "perf/optimizer_offloaded_gb" not in metrics
     assert optimizer_state_devices(worker.actor.optimizer) == {torch.device("cpu")}
+
+
+def test_the_hand_off_where_it_applies_frees_the_cache_at_the_first_training_phase(task, tmp_path):
+    """The GPU decision forced on a CPU worker (the steps are the same; only memory_allocated needs a
+    GPU, tests/gpu): the KV cache goes at the old log-prob, and the update reports what went."""
+    tokenizer = AutoTokenizer.from_pretrained(task["model"])
+    spec = builders.policy_spec(
+        small_config(task, "actor.fsdp.optimizer_offload=true"), tokenizer, total_steps=1
+    )
+    worker = PolicyWorker(spec)
+    worker.frees_rollout_cache = worker.offloads_optimizer = True
+    batch = sampled_batch(worker, task, tokenizer)
+    held = worker.rollout._core.cache.num_bytes + worker.rollout._core.store.num_bytes
+    batch = batch.union(worker.compute_log_prob(batch))
+    assert held > 0 and worker.rollout._core.cache.num_bytes == 0 and len(worker.rollout._core.store) == 0
+    metrics = worker.update_actor(batch, ActorLoss(), mini_batch_size=8)
+    assert metrics["perf/rollout_cache_released_gb"] == held / 2**30
+    assert metrics["perf/optimizer_offloaded_gb"] == 0.0  # CPU to CPU: nothing moves
+    assert worker.update_actor(batch, ActorLoss(), mini_batch_size=8)["perf/rollout_cache_released_gb"] == 0
+    path = worker.save_checkpoint(tmp_path / "ckpt", step=1)  # the state is on hand to save
+    assert (path / "actor" / "optimizer.pt").is_file()
+    assert worker.load_checkpoint(tmp_path / "ckpt") is not None
+    after = sampled_batch(worker, task, tokenizer, seed=1)  # generation re-allocates its cache
+    assert after["responses"].shape[0] == 8 and worker.rollout._core.cache.num_bytes > 0
