@@ -74,7 +74,7 @@ class DataParallel:
         """All ranks of the initialised default process group as one data-parallel mesh."""
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        device = "cuda" if "nccl" in dist.get_backend() else "cpu"  # "nccl" or "cpu:gloo,cuda:nccl"
         return cls(mesh=init_device_mesh(device, (dist.get_world_size(),)), **kwargs)
 
     @property

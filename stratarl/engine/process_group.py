@@ -36,7 +36,9 @@ def join_process_group(
     """Join the default process group of `world_size` ranks meeting at tcp://address:port.
 
     nccl needs this rank's GPU (`cuda_index`, the one Ray assigned): it becomes the current device and
-    the group's bound device, so every collective and every `cuda` tensor of this rank uses it."""
+    the group's bound device, so every collective and every `cuda` tensor of this rank uses it. The
+    group then also has gloo for CPU tensors ("cpu:gloo,cuda:nccl"): under FSDP2 CPU offload the
+    gradients are CPU shards, and clipping reduces their norm over the ranks (torchtitan does the same)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown process-group backend {backend!r}; valid: {list(BACKENDS)}")
     if backend == "nccl" and cuda_index is None:
@@ -50,7 +52,7 @@ def join_process_group(
         torch.cuda.set_device(cuda_index)
         device = torch.device("cuda", cuda_index)
     dist.init_process_group(
-        backend,
+        "cpu:gloo,cuda:nccl" if backend == "nccl" else backend,
         init_method=f"tcp://{address}:{port}",
         rank=rank,
         world_size=world_size,

@@ -103,7 +103,7 @@ def test_fsdp2_computes_in_bf16_over_fp32_shards_and_trains(one_nccl_rank, offlo
     assert grads == {torch.float32}  # reduced in fp32
     after = [p.full_tensor().detach().cpu() for p in actor.module.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert metrics["perf/max_memory_allocated_gb"] > 0 and dist.get_backend() == "nccl"
+    assert metrics["perf/max_memory_allocated_gb"] > 0 and "nccl" in dist.get_backend()
 
 
 def test_the_hand_off_frees_device_memory(task):
