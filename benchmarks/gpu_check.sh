@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
         --python) PY=$2; shift 2 ;;
         --steps) STEPS=$2; shift 2 ;;
         --model) MODEL=$2; shift 2 ;;
-        -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -65,7 +65,7 @@ cat "$RESULTS/env.txt"
 CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))")
 
 # 3. the gpu tests
-timeout 300 "$PY" -m pytest -q -rs -m gpu tests/gpu -p no:cacheprovider --junitxml="$RESULTS/gpu_tests.xml" \
+timeout 240 "$PY" -m pytest -q -rs -m gpu tests/gpu -p no:cacheprovider --junitxml="$RESULTS/gpu_tests.xml" \
     > "$RESULTS/gpu_tests.log" 2>&1
 tests_rc=$?
 tail -n 20 "$RESULTS/gpu_tests.log"
@@ -77,7 +77,7 @@ else  # the dry run: the same code on the CPU, small
     size=(--device cpu --steps "${STEPS:-2}" --model "$([ "$MODEL" = auto ] && echo tiny || echo "$MODEL")"
           --prompts 4 --n 2 --max-response-tokens 16)
 fi
-timeout 300 "$PY" benchmarks/gpu_check.py --out /tmp/stratarl-gpu-check --json "$RESULTS/gpu_check.json" \
+timeout 240 "$PY" benchmarks/gpu_check.py --out /tmp/stratarl-gpu-check --json "$RESULTS/gpu_check.json" \
     "${size[@]}" > "$RESULTS/grpo.log" 2>&1
 grpo_rc=$?
 grep -E "^GRPO on|Error|error:" "$RESULTS/grpo.log" | tail -n 5
