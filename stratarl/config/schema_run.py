@@ -169,7 +169,11 @@ class SFTConfig:
     trajectories_per_micro_batch: int = setting(
         32, "examples per forward/backward pass", verl="data.micro_batch_size_per_gpu"
     )
-    max_tokens: int = setting(1024, "longest example in tokens (prompt + response)", verl="data.max_length")
+    max_tokens: int = setting(
+        1024,
+        "longest example in tokens (prompt + response + EOS); a longer one is refused, naming its row",
+        verl="data.max_length",
+    )
 
 
 @dataclass
