@@ -85,8 +85,10 @@ class TrainerConfig:
     )
     logger: list[str] = setting(
         ["console", "jsonl"],
-        "where metrics go: jsonl (metrics.jsonl, always), console (a line per step), tensorboard "
-        "(<run_dir>/tensorboard), wandb (offline, <run_dir>/wandb; `wandb sync` uploads it)",
+        "where metrics go besides metrics.jsonl, the run's own record, written whether jsonl is "
+        "listed or not (resume, the summary, the curves and the doctor read it): console (a line per "
+        "step), tensorboard (<run_dir>/tensorboard), wandb (offline, <run_dir>/wandb; `wandb sync` "
+        "uploads it)",
         verl="trainer.logger",
         choices=LOGGERS,
     )

@@ -15,7 +15,7 @@ RECIPE = PACKAGE.parent / "recipes" / "grpo_arithmetic.yaml"
 
 # Choices the code never names because they hold unconditionally, each with the reason.
 ALWAYS_BUILT = {
-    ("trainer.logger", "jsonl"): "metrics.jsonl is always written; validation requires jsonl in the list",
+    ("trainer.logger", "jsonl"): "metrics.jsonl is the run's own record, written whether listed or not",
 }
 # Choices that are only valid together with other settings: the overrides that complete them.
 COMPANIONS = {
