@@ -146,14 +146,17 @@ def two_nodes(tmp_path):
 
 
 def listening_addresses(pids: list[int]) -> list[str]:
-    """The local addresses of the TCP sockets `pids` listen on (/proc/net/tcp and tcp6)."""
-    inodes = set()
+    """The local addresses of the TCP sockets `pids` listen on (/proc/net/tcp and tcp6), each with
+    the command of the process that holds it."""
+    inodes: dict[str, str] = {}
     for pid in pids:
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
         for fd in Path(f"/proc/{pid}/fd").glob("*"):
             with contextlib.suppress(OSError):
                 target = os.readlink(fd)
                 if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
+                    inodes[target[8:-1]] = f"pid {pid}: {command}"
     addresses = []
     for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
@@ -163,11 +166,17 @@ def listening_addresses(pids: list[int]) -> list[str]:
                 continue
             host, port = local.split(":")
             if table == "tcp":
-                ip = ".".join(str(int(host[i : i + 2], 16)) for i in (6, 4, 2, 0))
+                ip = _ipv4(host)
+            elif host.startswith("0000000000000000FFFF0000"):  # ::ffff:a.b.c.d, an IPv4 address
+                ip = _ipv4(host[24:])
             else:  # ::1 is loopback; anything else is reported by its raw form
                 ip = "127.0.0.1" if host == "00000000000000000000000001000000" else f"[{host}]"
-            addresses.append(f"{ip}:{int(port, 16)}")
+            addresses.append(f"{ip}:{int(port, 16)} ({inodes[inode]})")
     return addresses
+
+
+def _ipv4(little_endian_hex: str) -> str:
+    return ".".join(str(int(little_endian_hex[i : i + 2], 16)) for i in (6, 4, 2, 0))
 
 
 def leftovers(temp: Path) -> list[int]:

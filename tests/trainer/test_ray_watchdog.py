@@ -76,6 +76,7 @@ def test_a_sleeping_reward_on_ray_stops_the_run_with_every_ranks_stacks(task, tm
         task,
         tmp_path / "run",
         f"reward.custom_function_path={scorer}",
+        "reward.in_process=true",  # in the controller, as in tests/trainer/test_doctor_runs.py
         "watchdog.phase_timeouts_s={reward: 3}",
     )
     assert done.returncode != 0 and seconds < 240, done.stderr[-2000:]
