@@ -313,10 +313,14 @@ class RLTrainer:
         self.last_val = state["last_val"]
         self.log.history = checkpointing.truncate_logs(self.run_dir, point.step)
         self.tracer.writer.truncate_after(point.step)
-        epoch = state["sampler"]["epoch"]
+        epoch, ahead = (
+            state["sampler"]["epoch"],
+            len(self.resumed_batches["ready"]) if self.resumed_batches else 0,
+        )
         self.log.console.print(
             f"[bold green]resumed[/bold green] from {point.path}: step {point.step} done, "
-            f"continuing at step {point.step + 1} (epoch {epoch}, batch {state['sampler']['batch_in_epoch']})"
+            f"continuing at step {point.step + 1} (epoch {epoch}, batch {state['sampler']['batch_in_epoch']}"
+            + (f"; {ahead} batch(es) collected ahead, restored)" if ahead else ")")
         )
         return point.step
 
