@@ -4,6 +4,10 @@ after the first step and stays within async_training.max_staleness in async, off
 the decoupled correction, and unbuilt combinations are refused naming their keys."""
 
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -11,8 +15,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from stratarl.config import ConfigError, validate_config
+from stratarl.observe.doctor import diagnose
+from stratarl.observe.doctor_view import load_run
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer.rl_trainer import RLTrainer
+from stratarl.trainer.run_watch import PHASE_ROLES
 from tests.trainer.test_resume import comparable as without_timings
 from tests.trainer.test_rl_trainer import small_config
 
@@ -23,6 +30,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
 """
 STEPS = 4
+ROOT = Path(__file__).resolve().parents[2]
 # wall-clock readings of the overlap, and whether the next batch happened to be ready in time
 TIMED = ("async/rollout_busy_s", "async/rollout_idle_s", "async/trainer_idle_s", "async/overlap")
 TIMED += ("async/buffer_depth",)
@@ -76,6 +84,13 @@ def test_one_step_off_reproduces_exactly_and_is_one_step_stale(task, tmp_path):
     for r in train_a[1:]:  # the producer's collection overlapped the training of the step before
         assert r["async/buffer_depth"] in (0.0, 1.0) and r["async/overlap_s"] >= 0
 
+    assert not [f for f in diagnose(load_run(tmp_path / "a")) if f.key in ("stale", "mismatch")]
+    # the same staleness in a sync run is a weight-sync problem
+    (tmp_path / "a" / "config.yaml").write_text(
+        (tmp_path / "a" / "config.yaml").read_text().replace("mode: one_step_off", "mode: sync")
+    )
+    assert [f.key for f in diagnose(load_run(tmp_path / "a")) if f.key == "stale"] == ["stale"]
+
     sync_train, _, _ = train(mode_config(task, tmp_path, "sync"), tmp_path / "sync")
     assert [r["async/staleness_max"] for r in sync_train] == [0.0] * STEPS
     assert sync_train[1]["critic/score/mean"] != train_a[1]["critic/score/mean"]  # other weights, other rows
@@ -126,6 +141,8 @@ def test_async_keeps_staleness_within_its_bound_and_pushes_every_k_steps(task, t
     assert [r["rollout/weight_version"] for r in train_records if "rollout/weight_version" in r] == [2, 4, 6]
     for t in trajectories:  # the recorded version is one the rollout served: 0 until step 2's push
         assert t["weight_version"] in (0, 2, 4) and t["step"] - 1 - t["weight_version"] <= 2
+    # the doctor reads the mode's bound and the push interval: no weight-sync finding for this run
+    assert not [f for f in diagnose(load_run(tmp_path / "run")) if f.key in ("stale", "mismatch")]
 
 
 def test_async_drop_counts_what_it_throws_away(task, tmp_path):
@@ -154,3 +171,50 @@ def test_unbuilt_mode_choices_are_refused_naming_the_keys(task, overrides, keys)
     with pytest.raises(ConfigError) as error:
         validate_config(small_config(task, *overrides))
     assert keys in str(error.value)
+
+
+SLEEPY = "import time\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+SLEEPY += "    time.sleep(60)\n    return 0.0\n"
+
+
+def test_a_stalled_producer_is_named_by_the_watchdog_not_a_silent_hang(task, tmp_path):
+    """one_step_off collects on the producer thread, step 1's batch too: its reward phase sleeping
+    past the deadline stops the run, naming the producer's phase while the trainer waits for it."""
+    scorer, run_dir = tmp_path / "sleepy.py", tmp_path / "run"
+    scorer.write_text(SLEEPY)
+    overrides = [
+        f"data.train_files=['{task['train']}']",
+        f"data.val_files=['{task['test']}']",
+        f"model.path={task['model']}",
+        f"trainer.run_dir={run_dir}",
+        "trainer.mode=one_step_off",
+        "trainer.total_steps=2",
+        "trainer.val_before_train=false",
+        "data.prompts_per_step=4",
+        "rollout.n=2",
+        "rollout.max_response_tokens=4",
+        "actor.prompts_per_mini_batch=4",
+        "actor.trajectories_per_micro_batch=8",
+        f"reward.custom_function_path={scorer}",
+        "watchdog.phase_timeouts_s={reward: 2}",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stratarl",
+        "train",
+        str(ROOT / "recipes" / "grpo_arithmetic.yaml"),
+        *overrides,
+    ]
+    start = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode != 0 and time.monotonic() - start < 120, done.stderr[-3000:]
+    assert "phase 'reward' (role reward, step 1) passed its deadline of 2 s" in done.stderr, done.stderr[
+        -3000:
+    ]
+    (report_path,) = (run_dir / "hang").glob("*/report.json")
+    active = {(p["phase"], p["role"]) for p in json.loads(report_path.read_text())["active_phases"]}
+    assert ("reward", "reward") in active  # the producer's phase
+    assert ("wait_rollout", PHASE_ROLES["wait_rollout"]) in active  # the trainer, waiting for it
+    stacks = next(report_path.parent.glob("stacks-controller-*.txt")).read_text()
+    assert "stratarl-rollout" in stacks or "batch_sources.py" in stacks  # the producer thread's stack
