@@ -29,7 +29,11 @@ from stratarl.trainer.rl_trainer import RLTrainer
 
 PLANS = {
     "colocated": ["cluster.training_workers=2"],
-    "split": ["cluster.placement=split", "cluster.training_workers=2", "cluster.cpus_per_training_worker=0.5"],
+    "split": [
+        "cluster.placement=split",
+        "cluster.training_workers=2",
+        "cluster.cpus_per_training_worker=0.5",
+    ],
 }
 MODES = {
     "sync": ["trainer.mode=sync"],

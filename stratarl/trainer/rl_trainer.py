@@ -253,10 +253,8 @@ class RLTrainer:
                 self.log.log_metrics(step, metrics)
                 self.log.print_step(step, self.total_steps, metrics)
                 progress.advance(bar)
-                freq = self.cfg.trainer.test_freq
                 with self.batches.paused(step):  # the producer (if any) generates nothing meanwhile
-                    due = freq > 0 and (step % freq == 0 or step == self.total_steps)
-                    if self.val_set is not None and due:
+                    if self.validates(step):
                         last_val = self.validate(step)
                     self.last_val = last_val
                     if checkpointing.should_save(step, self.total_steps, self.cfg.trainer.save_freq):
@@ -269,6 +267,10 @@ class RLTrainer:
         self._write_summary(start, time.perf_counter() - run_start)
         self.claim.record_finish(self.total_steps)
         return last_val
+
+    def validates(self, step: int) -> bool:
+        freq = self.cfg.trainer.test_freq
+        return self.val_set is not None and freq > 0 and (step % freq == 0 or step == self.total_steps)
 
     def save_placement(self) -> None:
         """placement.json: where each role's processes run (Ray node ids, rank order)."""
@@ -361,10 +363,13 @@ class RLTrainer:
                         seed=self._seed(step) if cfg.actor.shuffle else None,
                     )
                 self.tracer.after_update(batch, self.tracer.row_statistics(self.worker), trained_version)
-            # Synced during critic warm-up too (the weights did not change): every step leaves the
-            # rollout serving a verified version, never one left asleep or stale (a verl bug).
-            saving = checkpointing.should_save(step, self.total_steps, cfg.trainer.save_freq)
-            sync_metrics = self.batches.push_weights(step, trained_version + 1, timings, force=saving)
+            # Pushed during critic warm-up too (the weights did not change): the rollout serves a
+            # verified version, never one left asleep or stale (a verl bug). Every step; under
+            # trainer.mode=async every k steps, and always before a validation or a checkpoint.
+            due = self.validates(step) or checkpointing.should_save(
+                step, self.total_steps, cfg.trainer.save_freq
+            )
+            sync_metrics = self.batches.push_weights(step, trained_version + 1, timings, force=due)
             self.worker.clear_queue()  # Ray: the step's rows leave the TransferQueue
             with phase("trace", timings, step=step):
                 self.tracer.end()

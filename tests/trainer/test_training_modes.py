@@ -218,3 +218,24 @@ def test_a_stalled_producer_is_named_by_the_watchdog_not_a_silent_hang(task, tmp
     assert ("wait_rollout", PHASE_ROLES["wait_rollout"]) in active  # the trainer, waiting for it
     stacks = next(report_path.parent.glob("stacks-controller-*.txt")).read_text()
     assert "stratarl-rollout" in stacks or "batch_sources.py" in stacks  # the producer thread's stack
+
+
+def test_async_resumes_from_its_checkpoint_with_the_buffer_it_saved(task, tmp_path):
+    """A checkpoint under async holds the producer: the finished batches in the buffer are saved
+    with the sampler position after them, and the resumed run trains them first, within the bound."""
+    extra = ["async_training.max_staleness=2", "trainer.save_freq=2"]
+    first, _, _ = train(mode_config(task, tmp_path, "async", *extra), tmp_path / "run")
+    assert [r["step"] for r in first] == [1, 2, 3, 4]
+    state = torch.load(
+        tmp_path / "run" / "checkpoints" / "global_step_4" / "trainer_state.pt", weights_only=False
+    )
+    saved = state["batches"]["ready"]
+    assert [b.step for b in saved] == list(range(5, 5 + len(saved)))  # the steps after the checkpoint
+    longer = ["trainer.total_steps=6", "trainer.resume_allow_changes=[trainer.total_steps]"]
+    resumed, _, trajectories = train(mode_config(task, tmp_path, "async", *extra, *longer), tmp_path / "run")
+    assert [r["step"] for r in resumed] == list(range(1, 7))
+    assert all(r["async/staleness_max"] <= 2 for r in resumed)
+    for batch in saved:  # each saved batch was trained at its step, as generated before the kill
+        rows = [t for t in trajectories if t["step"] == batch.step]
+        assert {t["weight_version"] for t in rows} == {batch.version}
+        assert [t["uid"] for t in rows] == [str(u) for u in batch.item.batch["uid"]]
