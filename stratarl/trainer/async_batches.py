@@ -33,7 +33,7 @@ from stratarl.trainer.collect import BatchCollector
 from stratarl.trainer.rollout_buffer import BufferedBatch, RolloutBuffer
 from stratarl.transport.data_proto import DataProto
 
-JOIN_TIMEOUT_S = 60.0  # how long `close` waits for the batch in flight
+JOIN_TIMEOUT_S = 5.0  # how long `close` waits for the batch in flight (then the daemon thread is left)
 
 
 class AsyncBatches(SyncBatches):
@@ -90,6 +90,8 @@ class AsyncBatches(SyncBatches):
         before = self.buffer.counters.dropped_rows
         with self.monitor.phase("wait_rollout", timings, step=step), self.meter.trainer_wait.busy():
             buffered, depth = self.buffer.take(step)
+        if buffered.item.trace is not None:  # under drop, a batch may train at an earlier step than planned
+            buffered.item.trace.step = step
         metrics = {
             "async/buffer_depth": float(depth),
             "async/dropped_samples": float(self.buffer.counters.dropped_rows - before),
