@@ -23,8 +23,8 @@ from stratarl.cluster.handles import PolicyHandle
 from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.trainer.batch_sources import (
     PRODUCER_THREAD,
+    OverlapMeter,
     ProducedBatch,
-    SyncBatches,
     produce,
     producer_collector,
     push,
@@ -36,7 +36,7 @@ from stratarl.transport.data_proto import DataProto
 JOIN_TIMEOUT_S = 5.0  # how long `close` waits for the batch in flight (then the daemon thread is left)
 
 
-class AsyncBatches(SyncBatches):
+class AsyncBatches:
     """version_of: step -> the policy version it trains; rollout_version: what the rollout serves
     at the start; first_step: the first step this process trains."""
 
@@ -54,8 +54,8 @@ class AsyncBatches(SyncBatches):
         rollout_version: int,
         first_step: int,
     ):
-        super().__init__(producer_collector(collector), worker, monitor)
-        self.sync_interval = sync_interval
+        self.collector, self.worker, self.monitor = producer_collector(collector), worker, monitor
+        self.meter, self.sync_interval = OverlapMeter(), sync_interval
         self.buffer = RolloutBuffer(
             capacity=capacity,
             max_staleness=max_staleness,

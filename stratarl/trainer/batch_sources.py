@@ -15,6 +15,7 @@ Each batch's rows are generated with one version; the per-row `weight_version` c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import threading
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -125,13 +126,38 @@ def push(worker: PolicyHandle, monitor: PhaseMonitor, step: int, version: int, t
         return phases.sync_weights(worker, version=version)
 
 
+class BatchSource(Protocol):
+    """What the trainer asks of trainer.mode each step: its batch, the weight push, a pause around
+    validation and checkpoints, what a checkpoint saves, and the overlap metrics (`meter`)."""
+
+    meter: OverlapMeter
+
+    def take(self, step: int, timings: dict[str, float]) -> tuple[ProducedBatch, dict[str, float]]:
+        """(the step's batch, async/* metrics of taking it); the wait is timed into `timings`."""
+        ...
+
+    def push_weights(self, step: int, version: int, timings: dict[str, float], *, force: bool) -> dict:
+        """Push the actor's weights as `version` when the mode pushes after `step` (always when
+        `force`d: before a validation or a checkpoint); the sync metrics, or {}."""
+        ...
+
+    def paused(self, step: int) -> contextlib.AbstractContextManager[None]:
+        """Nothing is generated while the block runs (validation, a checkpoint)."""
+        ...
+
+    def state_dict(self, materialize: Callable[[DataProto], DataProto]) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class SyncBatches:
     """trainer.mode=sync: the step collects its own batch, and every step pushes its weights."""
 
     def __init__(self, collector: BatchCollector, worker: PolicyHandle, monitor: PhaseMonitor):
         self.collector, self.worker, self.monitor = collector, worker, monitor
         self.meter = OverlapMeter()
-        self.dropped_rows = 0
 
     def take(self, step: int, timings: dict[str, float]) -> tuple[ProducedBatch, dict[str, float]]:
         """(the step's batch, async/* metrics of taking it)."""
@@ -142,10 +168,8 @@ class SyncBatches:
     def push_weights(self, step: int, version: int, timings: dict[str, float], *, force: bool) -> dict:
         return push(self.worker, self.monitor, step, version, timings)
 
-    @contextmanager
-    def paused(self, step: int) -> Iterator[None]:
-        """Nothing generates while the block runs (validation, a checkpoint): here nothing else does."""
-        yield
+    def paused(self, step: int) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # nothing generates outside the step
 
     def state_dict(self, materialize: Callable[[DataProto], DataProto]) -> dict[str, Any]:
         return {"mode": "sync", "ready": []}
@@ -157,7 +181,7 @@ class SyncBatches:
         return None
 
 
-class OneStepOffBatches(SyncBatches):
+class OneStepOffBatches:
     """trainer.mode=one_step_off: step k+1's batch is collected by a producer thread, with the
     weights step k starts from, while step k trains.
 
@@ -167,8 +191,8 @@ class OneStepOffBatches(SyncBatches):
     def __init__(
         self, collector: BatchCollector, worker: PolicyHandle, monitor: PhaseMonitor, *, total_steps: int
     ):
-        super().__init__(producer_collector(collector), worker, monitor)
-        self.total_steps = total_steps
+        self.collector, self.worker, self.monitor = producer_collector(collector), worker, monitor
+        self.meter, self.total_steps = OverlapMeter(), total_steps
         # The producer's torch ops run with the trainer's thread count: the same kernels either way.
         self.executor = ThreadPoolExecutor(
             1, PRODUCER_THREAD, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
@@ -200,6 +224,9 @@ class OneStepOffBatches(SyncBatches):
         if self.pending is not None:  # the next batch is generated with the old weights, all of it
             self._wait(step, timings)
         return push(self.worker, self.monitor, step, version, timings)
+
+    def paused(self, step: int) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # between steps the next batch is complete (the push waited)
 
     def state_dict(self, materialize: Callable[[DataProto], DataProto]) -> dict[str, Any]:
         """The batch collected for the next step (the push waited for it): a resume trains on it."""

@@ -47,7 +47,7 @@ from stratarl.trainer import (
     training_modes,
 )
 from stratarl.trainer.agent_validation import run_agent_validation
-from stratarl.trainer.batch_sources import SyncBatches, staleness_metrics
+from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.collect import BatchCollector
 from stratarl.trainer.run_directory import RunLock, claim_run_directory
 from stratarl.trainer.run_summary import summary_rows, where, write_summary
@@ -153,7 +153,7 @@ class RLTrainer:
         # The policy version step k trains is k + version_offset (one version per step; the
         # rollout may serve an older one between pushes, trainer.mode=async).
         self.version_offset = self.worker.weight_version - 1
-        self.batches: SyncBatches | None = None  # built once the start step is known (`_fit`)
+        self.batches: BatchSource | None = None  # built once the start step is known (`_fit`)
         self.resumed_batches: dict[str, Any] | None = None
 
     def version_of(self, step: int) -> int:

@@ -18,7 +18,7 @@ from stratarl.config import RunConfig
 from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.trainer import builders
 from stratarl.trainer.async_batches import AsyncBatches
-from stratarl.trainer.batch_sources import OneStepOffBatches, SyncBatches
+from stratarl.trainer.batch_sources import BatchSource, OneStepOffBatches, SyncBatches
 from stratarl.trainer.collect import BatchCollector
 
 
@@ -45,7 +45,7 @@ def build_batch_source(
     total_steps: int,
     version_of: Callable[[int], int],
     first_step: int,
-) -> SyncBatches:
+) -> BatchSource:
     """The source of trainer.mode; `version_of(step)` is the policy version step trains."""
     mode = cfg.trainer.mode
     if mode == "sync":
