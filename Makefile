@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real lint format clean
+.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real test-gpu gpu-bundle gpu-check lint format clean
 
 setup: $(STAMP) sandbox-tools
 
@@ -81,6 +81,18 @@ $(REAL_MODEL)/stratarl_import.json: | $(STAMP)
 # Tests on the real model (skipped with a reason when it is absent; never part of `make test`).
 test-real: real-model
 	$(PY) -m pytest -q -m real_model tests
+
+# The CUDA path (docs/benchmarks.md, "GPU check"): the gpu-marked tests (skipped without CUDA), what a GPU
+# machine that cannot download needs beside the checkout (.gpu-carry: pinned wheels, SmolLM2's shape),
+# and the one-command check itself (on a machine without CUDA it is the CPU dry run).
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -rs -m gpu tests/gpu
+
+gpu-bundle: real-model
+	bash benchmarks/gpu_bundle.sh $(PY)
+
+gpu-check: $(STAMP)
+	bash benchmarks/gpu_check.sh --python $(PY)
 
 lint: $(STAMP)
 	$(PY) -m ruff check stratarl tests benchmarks
