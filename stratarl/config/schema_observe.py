@@ -18,6 +18,7 @@ WATCHED_PHASES = (
     "step",
     "gen",
     "gen_max",
+    "wait_rollout",
     "reward",
     "old_log_prob",
     "ref",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from stratarl.config.schema_agent import AgentConfig
 from stratarl.config.schema_algorithm import AlgorithmConfig
+from stratarl.config.schema_async import TRAINER_MODES, AsyncTrainingConfig
 from stratarl.config.schema_data import DataConfig, ModelConfig, RewardConfig
 from stratarl.config.schema_observe import TraceConfig, WatchdogConfig
 from stratarl.config.schema_training import (
@@ -93,6 +94,13 @@ class TrainerConfig:
         choices=LOGGERS,
     )
     save_trajectories: bool = setting(True, "write one JSONL record per trajectory into the run directory")
+    mode: str = setting(
+        "sync",
+        "when generation runs: sync (then training), one_step_off (step k+1's batch generated while "
+        "step k trains), async (a producer fills a bounded buffer; async_training.*) — docs/async.md",
+        verl="trainer.v1.trainer_mode",
+        choices=TRAINER_MODES,
+    )
 
 
 @dataclass
@@ -192,6 +200,9 @@ class RunConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages and reward shaping")
     reward: RewardConfig = section(RewardConfig, "scoring")
     trainer: TrainerConfig = section(TrainerConfig, "the training loop and its outputs")
+    async_training: AsyncTrainingConfig = section(
+        AsyncTrainingConfig, "the producer of trainer.mode=one_step_off / async"
+    )
     cluster: ClusterConfig = section(ClusterConfig, "process placement")
     sft: SFTConfig = section(SFTConfig, "supervised warm-start")
     trace: TraceConfig = section(TraceConfig, "the per-trajectory trace (`stratarl trace`)")

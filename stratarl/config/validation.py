@@ -18,6 +18,7 @@ from stratarl.config.errors import ConfigError, ConfigProblem
 from stratarl.config.model_dirs import model_dir_problems, tokenizer_dir_problems
 from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems
+from stratarl.config.schema_async import async_problems
 from stratarl.config.schema_data import reward_problems
 from stratarl.config.schema_observe import observe_problems
 from stratarl.config.schema_run import RunConfig
@@ -108,6 +109,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *runtime_problems(cfg),
         *agent_problems(cfg.agent, adv_estimator=cfg.algorithm.adv_estimator, check_paths=check_paths),
         *observe_problems(cfg.trace, cfg.watchdog),
+        *async_problems(cfg),
         *reward_problems(
             cfg.reward, max_response_tokens=cfg.rollout.max_response_tokens, backend=cfg.cluster.backend
         ),

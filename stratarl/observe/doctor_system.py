@@ -142,11 +142,19 @@ def check_numerics(view: RunView, earlier: list[Finding]) -> list[Finding]:
 
 
 # --- weight sync --------------------------------------------------------------------------------------
-def check_staleness(view: RunView, earlier: list[Finding], max_staleness: int = 0) -> list[Finding]:
-    """Trajectories trained by weights newer than those that generated them (past `max_staleness`
-    versions: 0 for this trainer, which generates each step with the weights it then trains), and
-    weight versions that do not advance by one per step."""
-    findings = []
+def staleness_bound(view: RunView) -> int:
+    """The staleness the run's trainer.mode allows: 0 (sync: each step generates with the weights it
+    trains), 1 (one_step_off), async_training.max_staleness (async)."""
+    mode = view.setting("trainer.mode") or "sync"  # runs from before trainer.mode were sync
+    if mode == "async":
+        return int(view.setting("async_training.max_staleness"))
+    return 1 if mode == "one_step_off" else 0
+
+
+def check_staleness(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    """Trajectories trained by weights newer than those that generated them (past the bound of the
+    run's trainer.mode), and pushed weight versions that do not advance by one per step."""
+    findings, max_staleness = [], staleness_bound(view)
     stale = view.series("rollout/staleness/max")
     over = [(s, v) for s, v in stale if v > max_staleness]
     if over:
@@ -165,8 +173,8 @@ def check_staleness(view: RunView, earlier: list[Finding], max_staleness: int = 
                 key="stale",
             )
         )
-    versions = view.series("rollout/weight_version")
-    jumps = [(a, b) for (_, a), (_, b) in itertools.pairwise(versions) if b - a != 1]
+    versions = view.series("rollout/weight_version")  # async pushes every k steps: one version per step
+    jumps = [(a, b) for (i, a), (j, b) in itertools.pairwise(versions) if b - a != j - i]
     if jumps:
         findings.append(
             Finding(
@@ -187,7 +195,7 @@ def check_logprob_mismatch(view: RunView, earlier: list[Finding]) -> list[Findin
     """π_old (the trainer's forward) against π_rollout (the sampler's log-probs): the same weights
     should give the same numbers up to kernel and precision noise."""
     kl = view.series("rollout_corr/kl")
-    if not kl:
+    if not kl or staleness_bound(view) > 0:  # off-policy modes: π_old is newer than π_rollout by design
         return []
     late = _mean(_late(kl))
     if abs(late) < MISMATCH_KL_WARNING:

@@ -229,9 +229,10 @@ def update_critic(
     return {name if "/" in name else f"critic/{name}": value for name, value in metrics.items()}
 
 
-def sync_weights(worker: PolicyHandle) -> dict[str, float]:
-    """Actor -> rollout engine, version + 1; the engine reports what it loaded."""
-    report = worker.sync_weights()
+def sync_weights(worker: PolicyHandle, version: int | None = None) -> dict[str, float]:
+    """Actor -> rollout engine as `version` (default: the served version + 1); the engine reports
+    what it loaded."""
+    report = worker.sync_weights(version)
     return {
         "rollout/weight_version": float(report.version),
         "rollout/weight_sync_bytes": float(report.num_bytes),

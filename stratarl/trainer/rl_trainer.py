@@ -44,8 +44,10 @@ from stratarl.trainer import (
     reward_builder,
     run_watch,
     sampling_phases,
+    training_modes,
 )
 from stratarl.trainer.agent_validation import run_agent_validation
+from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.collect import BatchCollector
 from stratarl.trainer.run_directory import RunLock, claim_run_directory
 from stratarl.trainer.run_summary import summary_rows, where, write_summary
@@ -148,6 +150,14 @@ class RLTrainer:
             lineage=self.claim.run_id,
         )
         self.last_val: dict[str, float] = {}
+        # The policy version step k trains is k + version_offset (one version per step; the
+        # rollout may serve an older one between pushes, trainer.mode=async).
+        self.version_offset = self.worker.weight_version - 1
+        self.batches: BatchSource | None = None  # built once the start step is known (`_fit`)
+        self.resumed_batches: dict[str, Any] | None = None
+
+    def version_of(self, step: int) -> int:
+        return step + self.version_offset
 
     # ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -197,6 +207,23 @@ class RLTrainer:
         self.log.console.print(self.plan.render())
         self.save_placement()
         start, run_start = self.resume(), time.perf_counter()
+        self.batches = training_modes.build_batch_source(
+            self.cfg,
+            self.collector,
+            self.worker,
+            self.monitor,
+            total_steps=self.total_steps,
+            version_of=self.version_of,
+            first_step=start + 1,
+        )
+        if self.resumed_batches is not None:
+            self.batches.load_state_dict(self.resumed_batches)
+        try:
+            return self._train_from(start, run_start)
+        finally:
+            self.batches.close()
+
+    def _train_from(self, start: int, run_start: float) -> dict[str, Any]:
         t = self.cfg.trainer
         self.log.attach(
             make_sinks(
@@ -226,12 +253,12 @@ class RLTrainer:
                 self.log.log_metrics(step, metrics)
                 self.log.print_step(step, self.total_steps, metrics)
                 progress.advance(bar)
-                freq = self.cfg.trainer.test_freq
-                if self.val_set is not None and freq > 0 and (step % freq == 0 or step == self.total_steps):
-                    last_val = self.validate(step)
-                self.last_val = last_val
-                if checkpointing.should_save(step, self.total_steps, self.cfg.trainer.save_freq):
-                    self.save_checkpoint(step)
+                with self.batches.paused(step):  # the producer (if any) generates nothing meanwhile
+                    if self.validates(step):
+                        last_val = self.validate(step)
+                    self.last_val = last_val
+                    if checkpointing.should_save(step, self.total_steps, self.cfg.trainer.save_freq):
+                        self.save_checkpoint(step)
         self.worker.save_pretrained(self.run_dir / "final")
         self.tokenizer.save_pretrained(self.run_dir / "final")
         curves = plot_learning_curves(self.log.history, self.run_dir / "curves.png")
@@ -240,6 +267,10 @@ class RLTrainer:
         self._write_summary(start, time.perf_counter() - run_start)
         self.claim.record_finish(self.total_steps)
         return last_val
+
+    def validates(self, step: int) -> bool:
+        freq = self.cfg.trainer.test_freq
+        return self.val_set is not None and freq > 0 and (step % freq == 0 or step == self.total_steps)
 
     def save_placement(self) -> None:
         """placement.json: where each role's processes run (Ray node ids, rank order)."""
@@ -254,6 +285,8 @@ class RLTrainer:
             "sampler": self.sampler.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl else None,
             "weight_version": self.worker.weight_version,
+            "version_offset": self.version_offset,
+            "batches": self.batches.state_dict(self.worker.materialize),  # collected ahead (trainer.mode)
             "last_val": self.last_val,
         }
         with self.monitor.phase("save", step=step):
@@ -276,13 +309,20 @@ class RLTrainer:
         if self.kl_ctrl is not None:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.worker.sync_weights(version=state["weight_version"])
+        # Checkpoints of before trainer.mode: one version per step, all pushed, nothing collected ahead.
+        self.version_offset = state.get("version_offset", state["weight_version"] - point.step - 1)
+        self.resumed_batches = state.get("batches")
         self.last_val = state["last_val"]
         self.log.history = checkpointing.truncate_logs(self.run_dir, point.step)
         self.tracer.writer.truncate_after(point.step)
-        epoch = state["sampler"]["epoch"]
+        epoch, ahead = (
+            state["sampler"]["epoch"],
+            len(self.resumed_batches["ready"]) if self.resumed_batches else 0,
+        )
         self.log.console.print(
             f"[bold green]resumed[/bold green] from {point.path}: step {point.step} done, "
-            f"continuing at step {point.step + 1} (epoch {epoch}, batch {state['sampler']['batch_in_epoch']})"
+            f"continuing at step {point.step + 1} (epoch {epoch}, batch {state['sampler']['batch_in_epoch']}"
+            + (f"; {ahead} batch(es) collected ahead, restored)" if ahead else ")")
         )
         return point.step
 
@@ -303,11 +343,15 @@ class RLTrainer:
         cfg, timings, phase = self.cfg, {}, self.monitor.phase
         self.tracer.begin(step)
         with self.tracer.written_on_failure(), phase("step", timings, step=step):
-            batch, collect_metrics = self.collector.collect(step, timings)
+            produced, async_metrics = self.batches.take(step, timings)
+            self.tracer.current = produced.trace  # the rollout and reward rows, traced where collected
+            for name, seconds in produced.timings.items():
+                timings[name] = timings.get(name, 0.0) + seconds
+            batch, collect_metrics = produced.batch, produced.metrics
             batch, prepare_metrics = self._prepare(batch, timings, step)
             self.tracer.after_advantage(batch)
             critic_metrics = self._update_critic(batch, step, timings)
-            actor_metrics, trained_version = {}, self.worker.weight_version
+            actor_metrics, trained_version = {}, self.version_of(step)
             if step > cfg.critic.warmup_training_steps or self.critic is None:
                 with phase("update_actor", timings, step=step, rows=len(batch)):
                     actor_metrics = phases.update_actor(
@@ -319,10 +363,13 @@ class RLTrainer:
                         seed=self._seed(step) if cfg.actor.shuffle else None,
                     )
                 self.tracer.after_update(batch, self.tracer.row_statistics(self.worker), trained_version)
-            # Synced during critic warm-up too (the weights did not change): every step leaves the
-            # rollout serving a verified version, never one left asleep or stale (a verl bug).
-            with phase("update_weights", timings, step=step):
-                sync_metrics = phases.sync_weights(self.worker)
+            # Pushed during critic warm-up too (the weights did not change): the rollout serves a
+            # verified version, never one left asleep or stale (a verl bug). Every step; under
+            # trainer.mode=async every k steps, and always before a validation or a checkpoint.
+            due = self.validates(step) or checkpointing.should_save(
+                step, self.total_steps, cfg.trainer.save_freq
+            )
+            sync_metrics = self.batches.push_weights(step, trained_version + 1, timings, force=due)
             self.worker.clear_queue()  # Ray: the step's rows leave the TransferQueue
             with phase("trace", timings, step=step):
                 self.tracer.end()
@@ -333,6 +380,7 @@ class RLTrainer:
             # first: the phases' own metrics of the same names (e.g. bypass mode's rollout_corr/*) win
             step_diagnostics(batch, trained_version if actor_metrics else None),
             collect_metrics,
+            async_metrics | staleness_metrics(batch, trained_version) | self.batches.meter.take_metrics(),
             prepare_metrics,
             critic_metrics,
             actor_metrics,
@@ -361,7 +409,7 @@ class RLTrainer:
     ) -> tuple[DataProto, dict[str, float]]:
         """Old and reference log-probs, rollout correction, then advantages."""
         cfg, metrics, rows = self.cfg, {}, len(batch)
-        correction = cfg.algorithm.rollout_correction
+        correction, settings = cfg.algorithm.rollout_correction, training_modes.correction_settings(cfg)
         if correction.bypass_mode:
             batch = sampling_phases.use_rollout_log_probs(batch)
         else:
@@ -374,10 +422,8 @@ class RLTrainer:
             with self.monitor.phase("values", timings, step=step, rows=rows):
                 batch = phases.values(self.critic, batch)
         with self.monitor.phase("adv", timings, step=step, rows=rows):
-            if not correction.bypass_mode and (correction.rollout_is or correction.rollout_rs):
-                batch, metrics = sampling_phases.apply_decoupled_correction(
-                    batch, builders.rollout_correction_settings(cfg)
-                )
+            if settings is not None:  # decoupled: π_old/π_rollout weights and rejection (training_modes)
+                batch, metrics = sampling_phases.apply_decoupled_correction(batch, settings)
             batch, adv_metrics = phases.advantage(
                 batch,
                 estimator=cfg.algorithm.adv_estimator,

@@ -18,6 +18,7 @@ from stratarl.observe.watchdog import Watchdog, deadline_policy
 PHASE_ROLES = {
     "gen": "rollout",
     "gen_max": "rollout",
+    "wait_rollout": "rollout (the producer thread of trainer.mode=one_step_off/async)",
     "reward": "reward",
     "old_log_prob": "actor",
     "ref": "reference",

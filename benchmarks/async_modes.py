@@ -1,0 +1,97 @@
+"""Benchmark: GRPO step throughput of each trainer.mode against sync, on Ray with the split placement.
+
+The quickstart's task and tiny model (untrained: the work per step depends on the shapes), the
+quickstart recipe with `cluster.backend=ray`, 2 training workers (half a CPU each) and a rollout
+replica on its own CPU (`--plan split`; `colocated` for comparison), batches through the controller
+(`cluster.transfer_queue_units=0`, which the off-policy modes need), for each mode in the same run:
+sync (the baseline), one_step_off, and async (`async_training.*` as given). Reported: the mean
+step time over steps 2..N (step 1 has nothing to overlap with and pays the warm-up), steps per
+second, the ratio to sync (higher is better), and the async/* overlap metrics.
+
+    OMP_NUM_THREADS=1 python benchmarks/async_modes.py --steps 8 --json out.json
+    OMP_NUM_THREADS=1 python benchmarks/async_modes.py rollout.max_response_tokens=64  # longer rollouts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from stratarl.config import load_config
+from stratarl.observe.run_log import read_metrics
+from stratarl.trainer.quickstart import RECIPE, TaskSettings, build_task
+from stratarl.trainer.rl_trainer import RLTrainer
+
+PLANS = {
+    "colocated": ["cluster.training_workers=2"],
+    "split": [
+        "cluster.placement=split",
+        "cluster.training_workers=2",
+        "cluster.cpus_per_training_worker=0.5",
+    ],
+}
+MODES = {
+    "sync": ["trainer.mode=sync"],
+    "one_step_off": ["trainer.mode=one_step_off"],
+    "async": ["trainer.mode=async", "async_training.max_staleness=2", "async_training.buffer_batches=2"],
+}
+MEANS = ("timing_s/step", "timing_s/gen", "timing_s/update_actor", "async/trainer_idle_s")
+MEANS += ("async/rollout_idle_s", "async/overlap_ratio", "async/staleness_mean", "response_length/mean")
+
+
+def run(root: Path, base: list[str], plan: str, mode: str, steps: int) -> dict[str, float]:
+    overrides = [*base, "cluster.backend=ray", "cluster.num_cpus=2", "cluster.transfer_queue_units=0"]
+    overrides += [*PLANS[plan], *MODES[mode], f"trainer.total_steps={steps}", "trainer.test_freq=0"]
+    overrides += ["trainer.save_freq=0", "trainer.val_before_train=false", "trainer.save_trajectories=false"]
+    cfg = load_config(RECIPE, overrides)
+    run_dir = root / f"{plan}-{mode}"
+    RLTrainer(cfg, run_dir, console=Console(quiet=True)).fit()
+    train = [m for m in read_metrics(run_dir / "metrics.jsonl") if m.get("phase") == "train"][1:]
+    means = {k: sum(m.get(k, 0.0) for m in train) / len(train) for k in MEANS}
+    return means | {"steps_per_s": 1.0 / means["timing_s/step"], "async/staleness_max": max(
+        m["async/staleness_max"] for m in train
+    )}  # fmt: skip
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--plan", choices=list(PLANS), default="split")
+    parser.add_argument("--json", default=None, help="write the numbers to this path")
+    parser.add_argument("overrides", nargs="*", help="extra overrides, e.g. rollout.max_response_tokens=64")
+    args = parser.parse_args()
+    os.environ.pop("RAY_ADDRESS", None)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="srl-bench-async-") as tmp:
+        root = Path(tmp)
+        paths, model_dir = build_task(root / "task", TaskSettings(), seed=0)
+        base = [
+            f"data.train_files=['{paths['train']}']",
+            f"data.val_files=['{paths['test']}']",
+            f"model.path={model_dir}",
+            *args.overrides,
+        ]
+        for mode in MODES:
+            r = results[mode] = run(root, base, args.plan, mode, args.steps)
+            r["speedup_vs_sync"] = results["sync"]["timing_s/step"] / r["timing_s/step"]
+            print(
+                f"{args.plan} {mode:12s} step {r['timing_s/step']:.3f} s ({r['steps_per_s']:.2f} steps/s, "
+                f"×{r['speedup_vs_sync']:.2f} vs sync)  gen {r['timing_s/gen']:.3f} s  update "
+                f"{r['timing_s/update_actor']:.3f} s  trainer idle {r['async/trainer_idle_s']:.3f} s  "
+                f"rollout idle {r['async/rollout_idle_s']:.3f} s  overlap {r['async/overlap_ratio']:.2f}  "
+                f"staleness mean {r['async/staleness_mean']:.2f} max {r['async/staleness_max']:g}",
+                flush=True,
+            )
+    if args.json:
+        config = {"steps": args.steps, "plan": args.plan, "overrides": args.overrides, "recipe": str(RECIPE)}
+        Path(args.json).write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Layer 1, config: when generation runs relative to training — `trainer.mode` and `async_training.*`.
+
+sync: generate, score, update, one after another. one_step_off: the batch of step k+1 is generated
+(with the weights step k starts from) while step k trains. async: a producer generates continuously
+into a bounded buffer; the trainer takes batches at most `async_training.max_staleness` versions old.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stratarl.config.errors import ConfigProblem
+from stratarl.config.setting import setting
+
+TRAINER_MODES = ("sync", "one_step_off", "async")
+STALE_STRATEGIES = ("drop", "wait")
+OFF_POLICY_CORRECTIONS = ("decoupled", "none")
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """The producer of the off-policy modes (trainer.mode=one_step_off or async)."""
+
+    max_staleness: int = setting(
+        2,
+        "async: a trained sample is at most this many weight versions older than the weights it "
+        "trains (trained version − generating version)",
+        verl="trainer.v1.sampler.max_off_policy_threshold",
+    )
+    stale_strategy: str = setting(
+        "wait",
+        "async: wait (the producer pauses so no sample can pass max_staleness) or drop (batches past "
+        "it are discarded and counted in async/dropped_samples)",
+        verl="trainer.v1.sampler.max_off_policy_strategy",
+        choices=STALE_STRATEGIES,
+    )
+    weight_sync_interval: int = setting(
+        1,
+        "async: push the actor's weights to the rollout every this many steps",
+        verl="async_training.trigger_parameter_sync_step",
+    )
+    buffer_batches: int = setting(
+        2, "async: finished batches the producer may hold before it pauses (the buffer's bound)"
+    )
+    correction: str = setting(
+        "decoupled",
+        "off-policy modes: decoupled (decoupled PPO — π_old recomputed as the proximal policy, token "
+        "IS weights π_old/π_rollout truncated at algorithm.rollout_correction.rollout_is_threshold, "
+        "unless algorithm.rollout_correction sets its own) or none (train stale samples as on-policy)",
+        choices=OFF_POLICY_CORRECTIONS,
+    )
+
+
+def async_problems(cfg: Any) -> list[ConfigProblem]:
+    """Combinations of trainer.mode and async_training.* that cannot run, each naming its keys."""
+    a, mode, problems = cfg.async_training, cfg.trainer.mode, []
+    for name in ("weight_sync_interval", "buffer_batches"):
+        if getattr(a, name) < 1:
+            message = f"must be ≥ 1, got {getattr(a, name)}"
+            problems.append(ConfigProblem((f"async_training.{name}",), message))
+    if a.max_staleness < 0:
+        message = f"must be ≥ 0, got {a.max_staleness}"
+        problems.append(ConfigProblem(("async_training.max_staleness",), message))
+    elif mode == "async" and a.max_staleness < a.weight_sync_interval - 1:
+        problems.append(
+            ConfigProblem(
+                ("async_training.max_staleness", "async_training.weight_sync_interval"),
+                f"max_staleness={a.max_staleness} < weight_sync_interval − 1 = {a.weight_sync_interval - 1}: "
+                "between two pushes the rollout's weights fall that far behind, so no batch could be "
+                "trained",
+            )
+        )
+    c = cfg.cluster
+    if mode != "sync" and c.backend == "ray" and c.transfer_queue_units > 0:
+        problems.append(
+            ConfigProblem(
+                ("trainer.mode", "cluster.transfer_queue_units"),
+                f"trainer.mode={mode} with the TransferQueue is not built (its rows are cleared per "
+                "step, which would drop the batches collected ahead); set cluster.transfer_queue_units=0",
+            )
+        )
+    return problems

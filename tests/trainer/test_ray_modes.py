@@ -1,0 +1,42 @@
+"""The off-policy modes on Ray with the split placement: the rollout replica generates the next batch
+while the training ranks update (overlap > 0), one_step_off is exactly one version stale after step
+1, and async keeps its bound while pushing every k steps."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("ray")
+
+from stratarl.observe.run_log import read_metrics
+from stratarl.trainer.rl_trainer import RLTrainer
+from tests.trainer.test_ray_trainer import ray_config
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def train_on_ray(task, run_dir, mode, *extra):
+    os.environ.pop("RAY_ADDRESS", None)
+    # batches through the controller: the off-policy modes do not run on the TransferQueue (yet)
+    overrides = [f"trainer.mode={mode}", "cluster.transfer_queue_units=0", *extra]
+    RLTrainer(ray_config(task, run_dir, "split", total_steps=4, extra=overrides), run_dir).fit()
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "train"]
+
+
+def test_one_step_off_overlaps_generation_with_the_update_on_split_ray(task, tmp_path):
+    train = train_on_ray(task, tmp_path / "run", "one_step_off")
+    assert [r["async/staleness_max"] for r in train] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["async/staleness_min"] for r in train] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["rollout/weight_version"] for r in train] == [1.0, 2.0, 3.0, 4.0]  # pushed to the replica
+    # steps 1-3 start the next batch on the replica before their own update: both sides were busy
+    assert all(r["async/overlap_s"] > 0 for r in train[:3]), [r["async/overlap_s"] for r in train]
+    assert train[-1]["async/rollout_busy_s"] == 0.0  # the last step collects nothing ahead
+
+
+def test_async_on_split_ray_keeps_its_bound(task, tmp_path):
+    extra = ["async_training.max_staleness=1", "async_training.weight_sync_interval=2"]
+    train = train_on_ray(task, tmp_path / "run", "async", *extra)
+    assert all(r["async/staleness_max"] <= 1 for r in train)
+    assert [r["step"] for r in train if "rollout/weight_version" in r] == [2, 4]  # and save_freq=2's

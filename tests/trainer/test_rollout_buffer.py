@@ -1,0 +1,124 @@
+"""The async buffer under random producer and consumer speeds: no trained batch is ever staler than
+async_training.max_staleness, the buffer never holds more than its bound, and dropped rows are counted."""
+
+import random
+import threading
+import time
+
+import pytest
+
+from stratarl.trainer.rollout_buffer import BufferedBatch, ProducerFailed, RolloutBuffer
+
+ROWS = 4
+
+
+def run_pair(*, strategy, max_staleness, sync_interval, capacity, steps, seed):
+    """A producer and a trainer thread at random speeds, the trainer pushing version p(j)+1 every
+    `sync_interval` steps as the real one does; returns (staleness per step, buffer, max depth seen)."""
+    rng = random.Random(seed)
+    producer_sleeps = [rng.choice([0.0, 0.0005, 0.002, 0.006]) for _ in range(4 * steps)]
+    trainer_sleeps = [rng.choice([0.0, 0.0005, 0.002, 0.006]) for _ in range(steps)]
+    version_of = lambda step: step - 1  # noqa: E731  step 1 trains version 0
+    buffer = RolloutBuffer(
+        capacity=capacity,
+        max_staleness=max_staleness,
+        strategy=strategy,
+        version_of=version_of,
+        rollout_version=0,
+        next_step=1,
+    )
+    depths = []
+
+    def produce():
+        for sleep in producer_sleeps:
+            started = buffer.begin_produce()
+            if started is None:
+                return
+            step, version = started
+            time.sleep(sleep)  # generating
+            buffer.end_produce(BufferedBatch(step, version, ROWS))
+            depths.append(len(buffer.items))
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    staleness = []
+    for step in range(1, steps + 1):
+        batch, _ = buffer.take(step, timeout=30)
+        staleness.append(version_of(step) - batch.version)
+        time.sleep(trainer_sleeps[step - 1])  # training
+        if step % sync_interval == 0:
+            buffer.hold()
+            buffer.release(version_of(step) + 1)
+    buffer.stop()
+    producer.join(timeout=10)
+    return staleness, buffer, max(depths)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    ("strategy", "max_staleness", "sync_interval", "capacity"),
+    [("wait", 0, 1, 2), ("wait", 1, 1, 3), ("wait", 2, 3, 4), ("drop", 1, 1, 3), ("drop", 3, 2, 6)],
+)
+def test_staleness_never_exceeds_the_bound(seed, strategy, max_staleness, sync_interval, capacity):
+    staleness, buffer, max_depth = run_pair(
+        strategy=strategy,
+        max_staleness=max_staleness,
+        sync_interval=sync_interval,
+        capacity=capacity,
+        steps=25,
+        seed=seed,
+    )
+    assert len(staleness) == 25
+    assert max(staleness) <= max_staleness and min(staleness) >= 0
+    assert max_depth <= capacity
+    assert buffer.counters.staleness_seen == staleness
+    if strategy == "wait":  # pacing: nothing is generated that could not be trained
+        assert buffer.counters.dropped_rows == 0
+    assert buffer.counters.dropped_rows == ROWS * buffer.counters.dropped_batches
+
+
+def small_buffer(capacity, strategy):
+    version_of = lambda s: s - 1  # noqa: E731
+    return RolloutBuffer(
+        capacity=capacity,
+        max_staleness=1,
+        strategy=strategy,
+        version_of=version_of,
+        rollout_version=0,
+        next_step=1,
+    )
+
+
+def test_a_fast_producer_under_drop_runs_ahead_and_its_stale_batches_are_counted():
+    # Version 0 fills the buffer (3 batches for steps 1-3); step 1 pushes version 1, so at step 3 the
+    # batch generated with version 0 is 2 versions old: with max_staleness=1 it is dropped.
+    buffer = small_buffer(3, "drop")
+    for _ in range(3):
+        step, version = buffer.begin_produce()
+        buffer.end_produce(BufferedBatch(step, version, ROWS))
+    assert [b.version for b in buffer.ready()] == [0, 0, 0]
+    assert buffer.take(1)[0].step == 1
+    buffer.hold()
+    buffer.release(1)
+    assert buffer.take(2)[0].step == 2  # staleness 1 - 0 = 1: kept
+    step, version = buffer.begin_produce()  # room again: generated with version 1
+    buffer.end_produce(BufferedBatch(step, version, ROWS))
+    batch, depth = buffer.take(3)  # the batch of version 0 is 2 - 0 = 2 old: dropped
+    assert (batch.version, depth) == (1, 1)
+    assert (buffer.counters.dropped_batches, buffer.counters.dropped_rows) == (1, ROWS)
+
+
+def test_wait_keeps_the_producer_from_running_past_the_bound():
+    buffer = small_buffer(8, "wait")
+    assert buffer.may_start(1) and buffer.may_start(2)  # versions 0, 1 of the policy: 0 is ≥ p − 1
+    assert not buffer.may_start(3)  # step 3 trains version 2: version 0 would be 2 old
+    buffer.release(1)
+    assert buffer.may_start(3)
+
+
+def test_a_failed_producer_is_raised_in_the_trainer():
+    buffer = small_buffer(2, "wait")
+    buffer.begin_produce()
+    buffer.end_produce(None, ValueError("engine died"))
+    with pytest.raises(ProducerFailed, match="engine died"):
+        buffer.take(1, timeout=5)
