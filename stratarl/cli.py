@@ -1,15 +1,24 @@
 """The `stratarl` command line: one subcommand per user-facing job.
 
 Subcommands import their layer lazily, so `stratarl --help` is instant and a subcommand pays only
-for what it uses.
+for what it uses. A mistake in the config or the inputs (a `ConfigError`, a refused run directory)
+prints one message and exits with code 2; `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+EXIT_USAGE = 2  # config and input errors, as argparse exits on a bad command line
+EXIT_FAILED = 1
+
+
+class InputError(ValueError):
+    """A command's input cannot be used (a file, a function name, a directory): one message."""
 
 
 def _default_run_dir(name: str) -> Path:
@@ -17,6 +26,13 @@ def _default_run_dir(name: str) -> Path:
 
 
 def _quickstart(args: argparse.Namespace) -> int:
+    if args.run_dir and Path(args.run_dir).is_dir() and any(Path(args.run_dir).iterdir()):
+        from stratarl.trainer.run_directory import RunDirectoryError
+
+        raise RunDirectoryError(
+            f"refusing to start the quickstart in {args.run_dir}: it is not empty, and a new run there "
+            "would mix with what it holds. Give another --run-dir (or leave it out for a fresh one)."
+        )
     if args.task == "tool":
         from stratarl.trainer.tool_quickstart import ToolTaskSettings, run_tool_quickstart
 
@@ -36,28 +52,67 @@ def _quickstart(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from stratarl.config import load_config
     from stratarl.trainer.rl_trainer import RLTrainer
+    from stratarl.trainer.run_directory import default_run_dir
 
     cfg = load_config(args.recipe, args.overrides)
-    # The documented default, the same on every launch: running the command again resumes the run
-    # from its newest checkpoint (trainer.resume_mode=auto), as verl's default_local_dir does.
-    t = cfg.trainer
-    run_dir = t.run_dir or Path(t.output_root) / t.project_name / t.experiment_name
-    RLTrainer(cfg, run_dir).fit()
+    # The same on every launch: running the command again resumes the run from its newest
+    # checkpoint (trainer.resume_mode=auto), as verl's default_local_dir does.
+    RLTrainer(cfg, default_run_dir(cfg)).fit()
     return 0
 
 
 def _sft(args: argparse.Namespace) -> int:
     from stratarl.config import load_config, validate_config
+    from stratarl.trainer.run_directory import default_run_dir
     from stratarl.trainer.sft import sft_from_config
 
     cfg = load_config(args.recipe, args.overrides)
     validate_config(cfg)
-    sft_from_config(cfg, cfg.trainer.run_dir or _default_run_dir(f"sft-{cfg.trainer.experiment_name}"))
+    sft_from_config(cfg, default_run_dir(cfg, suffix="-sft"))
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    from stratarl.trainer.task_init import init_task
+
+    out = Path(args.out)
+    if out.is_dir() and any(out.iterdir()):
+        raise InputError(f"{out} is not empty: give `stratarl init` a new --out directory")
+    try:
+        recipe, profile, warnings = init_task(
+            args.train, out, val_files=args.val, reward_file=args.reward or "",
+            reward_function=args.reward_function, size=args.size, vocab_size=args.vocab_size, seed=args.seed,
+            model_path=args.model or "",
+        )  # fmt: skip
+    except (ValueError, OSError, ImportError, AttributeError, TypeError) as err:
+        raise InputError(str(err)) from err
+    print("\n".join(profile.lines()))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    from stratarl.config import load_config
+    from stratarl.trainer.run_directory import default_run_dir
+
+    sft_final = default_run_dir(load_config(recipe), suffix="-sft") / "final"
+    model = args.model or f"a {args.size} model with its tokenizer, in {out / 'model'}"
+    print(f"wrote the recipe {recipe} for {model}")
+    print(f"next: stratarl sft {recipe}")
+    print(f"then: stratarl train {recipe} model.path={sft_final}")
     return 0
 
 
 def _data(args: argparse.Namespace) -> int:
     return args.task_module.run_from_args(args)
+
+
+def _import_gguf(args: argparse.Namespace) -> int:
+    from stratarl.data.gguf_import import import_gguf
+
+    report = import_gguf(args.gguf, args.out)
+    print(f"{report.architecture}, {report.num_parameters:,} parameters, vocabulary {report.vocab_size:,}")
+    for check in report.greedy_checks:
+        print(f"greedy check {check['prompt']!r}: same tokens as the GGUF -> {check['continuation']!r}")
+    print(f"wrote {report.out_dir} in {report.seconds} s")
+    return 0
 
 
 def _explain_field(args: argparse.Namespace) -> int:
@@ -133,10 +188,16 @@ def _add_observe_commands(commands: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stratarl", description=__doc__.splitlines()[0])
+    debug = argparse.ArgumentParser(add_help=False)  # --debug before or after the subcommand
+    debug.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error"
+    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a config or input error")
     commands = parser.add_subparsers(dest="command", required=True)
 
     quick = commands.add_parser(
         "quickstart",
+        parents=[debug],
         help="data + tiny model, SFT, then GRPO; reports held-out accuracy (what `make demo` runs)",
     )
     quick.add_argument("--run-dir", help="where everything is written (default runs/quickstart-<time>)")
@@ -154,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     quick.set_defaults(handler=_quickstart)
 
     train = commands.add_parser(
-        "train", help="RL training from a recipe: stratarl train RECIPE [key=value ...]"
+        "train", parents=[debug], help="RL training from a recipe: stratarl train RECIPE [key=value ...]"
     )
     train.add_argument("recipe", help="YAML recipe (overrides of the defaults in docs/config.md)")
     train.add_argument(
@@ -163,11 +224,29 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=_train)
 
     sft = commands.add_parser(
-        "sft", help="supervised warm-start from a recipe: stratarl sft RECIPE [key=value ...]"
+        "sft",
+        parents=[debug],
+        help="supervised warm-start from a recipe: stratarl sft RECIPE [key=value ...]",
     )
     sft.add_argument("recipe", help="YAML recipe; uses data.*, model.*, sft.* and rollout.val_kwargs")
     sft.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. sft.total_steps=200")
     sft.set_defaults(handler=_sft)
+
+    init = commands.add_parser(
+        "init",
+        parents=[debug],
+        help="your own task: a tokenizer, a tiny model and a starter recipe for verl-schema parquet",
+    )
+    init.add_argument("train", nargs="+", help="training parquet file(s) in verl's schema")
+    init.add_argument("--val", nargs="*", default=[], help="validation parquet file(s)")
+    init.add_argument("--out", required=True, help="new directory for model/ and recipe.yaml")
+    init.add_argument("--reward", help="python file with your compute_score (default: the built-in registry)")
+    init.add_argument("--reward-function", default="compute_score", help="its function name")
+    init.add_argument("--size", default="1m", help="tiny model preset: 1m, 5m, 10m, 50m (docs/own_task.md)")
+    init.add_argument("--vocab-size", type=int, default=1024, help="upper bound of the BPE vocabulary")
+    init.add_argument("--seed", type=int, default=0, help="seed of the model's initialisation")
+    init.add_argument("--model", help="an HF model directory to use instead of a new tiny model")
+    init.set_defaults(handler=_init)
 
     data = commands.add_parser("data", help="write synthetic tasks as verl-schema parquet")
     data_commands = data.add_subparsers(dest="data_command", required=True)
@@ -184,6 +263,16 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(task)
         task.set_defaults(handler=_data, task_module=module)
 
+    model = commands.add_parser("model", help="prepare model directories")
+    model_commands = model.add_subparsers(dest="model_command", required=True)
+    gguf = model_commands.add_parser(
+        "import-gguf",
+        help="a GGUF causal LM as a plain HF directory (float32), checked greedy-equal to the GGUF",
+    )
+    gguf.add_argument("gguf", help="the .gguf file (needs the gguf package)")
+    gguf.add_argument("out", help="directory to write (config, safetensors, tokenizer, chat template)")
+    gguf.set_defaults(handler=_import_gguf)
+
     explain = commands.add_parser("explain-field", help="print the contract of a standard batch field")
     explain.add_argument("name", help="field name, e.g. response_mask")
     explain.set_defaults(handler=_explain_field)
@@ -193,4 +282,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    from stratarl.config import ConfigError
+    from stratarl.trainer.run_directory import RunDirectoryError
+
+    try:
+        return args.handler(args)
+    except (ConfigError, RunDirectoryError, InputError) as err:
+        return _report(args, err, EXIT_USAGE)
+    except OSError as err:
+        from stratarl.engine.checkpoint import CheckpointWriteError
+
+        if not isinstance(err, CheckpointWriteError):
+            raise
+        return _report(args, err, EXIT_FAILED)
+
+
+def _report(args: argparse.Namespace, err: Exception, code: int) -> int:
+    """One message on stderr instead of a traceback (which --debug asks for)."""
+    if args.debug:
+        raise err
+    print(f"stratarl {args.command}: {err}", file=sys.stderr)
+    return code

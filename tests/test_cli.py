@@ -1,8 +1,16 @@
-"""The command line: every subcommand has --help, explain-field prints contracts, data make writes parquet."""
+"""The command line: every subcommand has --help, explain-field prints contracts, data make writes parquet;
+config and input errors are one message with exit code 2; sft and train share output_root and summaries."""
+
+import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from stratarl.cli import main
+from stratarl.config import ConfigError
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
 @pytest.mark.parametrize(
@@ -12,8 +20,10 @@ from stratarl.cli import main
         ["quickstart"],
         ["train"],
         ["sft"],
+        ["init"],
         ["data", "make", "arithmetic"],
         ["data", "make", "tool_arithmetic"],
+        ["model", "import-gguf"],
     ],
 )
 def test_every_subcommand_has_help(command, capsys):
@@ -44,3 +54,127 @@ def test_data_make_tool_arithmetic_writes_parquet_and_tools(tmp_path):
         == 0
     )
     assert {"train.parquet", "test.parquet", "tools.yaml"} <= {p.name for p in tmp_path.iterdir()}
+
+
+@pytest.fixture(scope="module")
+def tiny_task(tmp_path_factory):
+    """An arithmetic task and a 1M model, for commands that train."""
+    from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
+    from stratarl.data.tiny_models import build_tiny_model
+    from stratarl.data.tokenizer_factory import corpus_from_parquet
+
+    root = tmp_path_factory.mktemp("cli-task")
+    paths = make_arithmetic_dataset(root / "data", n_train=32, n_test=8, digits=1, seed=0)
+    model = build_tiny_model(
+        root / "model", size="1m", corpus_texts=corpus_from_parquet([paths["train"]]), seed=0
+    )
+    return {"train": paths["train"], "test": paths["test"], "model": model}
+
+
+def small_run(task, output_root, *extra):
+    return [
+        str(RECIPES / "quickstart.yaml"),
+        f"data.train_files=[{task['train']}]",
+        f"data.val_files=[{task['test']}]",
+        f"model.path={task['model']}",
+        f"trainer.output_root={output_root}",
+        "data.prompts_per_step=4",
+        "rollout.n=2",
+        "rollout.max_response_tokens=6",
+        "actor.prompts_per_mini_batch=4",
+        "actor.trajectories_per_micro_batch=8",
+        "trainer.total_steps=1",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "sft.total_steps=2",
+        "sft.trajectories_per_step=8",
+        "sft.trajectories_per_micro_batch=8",
+        *extra,
+    ]
+
+
+def test_a_config_error_is_one_message_and_exit_code_2(capsys):
+    """Was: every ConfigError came under a 15-line traceback."""
+    assert main(["train", str(RECIPES / "quickstart.yaml"), "rollout.nn=4", "actor.lr=fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stratarl train: invalid config (2 problems):")
+    assert "rollout.nn: unknown key; did you mean 'rollout.n'?" in err and "actor.lr: expected float" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 3
+    with pytest.raises(ConfigError):  # --debug: the traceback, before or after the subcommand
+        main(["train", str(RECIPES / "quickstart.yaml"), "rollout.nn=4", "--debug"])
+    with pytest.raises(ConfigError):
+        main(["--debug", "sft", str(RECIPES / "quickstart.yaml"), "rollout.nn=4"])
+
+
+def test_sft_and_train_share_output_root_and_write_summary_json(tiny_task, tmp_path, monkeypatch):
+    """Was: `stratarl sft` ignored trainer.output_root and wrote runs/sft-<name>-<time>/ under the
+    current directory, and only the quickstart wrote summary.json."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["sft", *small_run(tiny_task, "out")]) == 0
+    sft_dir = out / "stratarl" / "quickstart-sft"
+    summary = json.loads((sft_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["weights"] == str(sft_dir / "final")
+    assert (sft_dir / "final" / "config.json").is_file() and not (tmp_path / "runs").exists()
+
+    assert main(["train", *small_run(tiny_task, "out", f"model.path={sft_dir / 'final'}")]) == 0
+    run_dir = out / "stratarl" / "quickstart"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final weights"] == str(run_dir / "final") and summary["steps"].startswith("1..1")
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["model"]["path"] == str(sft_dir / "final")  # absolute, as every saved path
+    assert saved["trainer"]["output_root"] == str(out) and saved["data"]["train_files"] == [
+        str(tiny_task["train"])
+    ]
+
+
+def test_a_rerun_is_refused_with_exit_code_2(tiny_task, tmp_path, capsys):
+    assert main(["train", *small_run(tiny_task, tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["train", *small_run(tiny_task, tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "refusing to start in" in err and "trainer.overwrite=true" in err and "Traceback" not in err
+
+
+def test_a_wrong_reward_function_name_is_found_before_the_model_loads(
+    tiny_task, tmp_path, capsys, monkeypatch
+):
+    scorer = tmp_path / "score.py"
+    scorer.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
+    )
+    from stratarl.trainer import builders
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a worker was built")
+
+    monkeypatch.setattr(builders, "build_workers", no_model)
+    extra = (f"reward.custom_function_path={scorer}", "reward.custom_function_name=compute_scor")
+    assert main(["train", *small_run(tiny_task, tmp_path, *extra)]) == 2
+    err = capsys.readouterr().err
+    assert "has no function 'compute_scor'; it defines: compute_score" in err
+
+
+def test_an_unknown_data_source_is_found_before_any_worker_starts(tiny_task, tmp_path, capsys, monkeypatch):
+    """Was: the run crashed at the step that first sampled such a row."""
+    from stratarl.data.schema import read_rows, write_rows
+    from stratarl.trainer import builders
+
+    rows = read_rows(tiny_task["train"])
+    for i in (3, 7):
+        rows[i]["data_source"] = "sort_numbers"
+    write_rows(tmp_path / "mixed.parquet", rows)
+    monkeypatch.setattr(builders, "build_workers", lambda *a, **k: pytest.fail("a worker was built"))
+    assert (
+        main(["train", *small_run(tiny_task, tmp_path, f"data.train_files=[{tmp_path / 'mixed.parquet'}]")])
+        == 2
+    )
+    err = " ".join(capsys.readouterr().err.split())
+    assert "data_source 'sort_numbers' has no reward function (2 rows:" in err
+    assert "mixed.parquet row 3, " in err and "mixed.parquet row 7" in err
+
+
+def test_the_quickstart_refuses_a_run_dir_that_is_not_empty(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["quickstart", "--run-dir", str(tmp_path)]) == 2
+    assert "it is not empty" in capsys.readouterr().err

@@ -2,7 +2,10 @@
 
 verl's names where verl has one (`num_turns/{mean,max,min}`, `tool_call_counts/{mean,max,min}`),
 `agent/*` for the rest. `agent/tool_call_success_rate` is the fraction of executed calls that
-returned without an error (0 calls: not reported).
+returned without an error (0 calls: not reported). `agent/failures/<reason>` counts the tool and
+interaction calls that timed out, exited or crashed (`tool_timeout`, `tool_SystemExit`,
+`tool_process_exit`, `interaction_timeout`, ...), also per data source
+(`agent/failures/<data_source>/<reason>`), with `agent/failures/total`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,22 @@ def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     }
     if num_calls:
         out["agent/tool_call_success_rate"] = (num_calls - num_errors) / num_calls
+    out |= failure_metrics(trajectories)
     for reason, count in sorted(Counter(str(t.stop_reason) for t in trajectories).items()):
         out[f"agent/stop_reason/{reason}"] = count / n
+    return out
+
+
+def failure_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """`agent/failures/<reason>`, `agent/failures/<data_source>/<reason>` and `agent/failures/total`."""
+    by_reason: Counter[str] = Counter()
+    by_source: Counter[tuple[str, str]] = Counter()
+    for t in trajectories:
+        source = str(t.sample.get("data_source", ""))
+        for reason in t.failures:
+            by_reason[reason] += 1
+            by_source[(source, reason)] += 1
+    out = {f"agent/failures/{reason}": float(count) for reason, count in sorted(by_reason.items())}
+    out |= {f"agent/failures/{s}/{r}": float(c) for (s, r), c in sorted(by_source.items())}
+    out["agent/failures/total"] = float(sum(by_reason.values()))
     return out

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stratarl.agent.interactions.base import Interaction
+from stratarl.agent.isolation import InteractionRunner, ThreadToolRunner
 from stratarl.agent.rendering import ChatRenderer
 from stratarl.agent.tool_loop import LoopLimits, SingleTurnSession, State, ToolAgentSession
 from stratarl.agent.tools.base import Tool
@@ -41,6 +42,15 @@ class AgentLoopRunner:
     tools: dict[str, Tool] = field(default_factory=dict)
     interactions: dict[str, Interaction] = field(default_factory=dict)
     default_agent: str = "tool_agent"
+    # Where tool calls run (agent.isolation): None = a thread per call, under limits.tool_timeout_s.
+    tool_runner: Any = None
+    interaction_runner: InteractionRunner | None = None
+
+    def __post_init__(self) -> None:
+        if self.tool_runner is None:
+            self.tool_runner = ThreadToolRunner(timeout_s=self.limits.tool_timeout_s)
+        if self.interaction_runner is None:
+            self.interaction_runner = InteractionRunner(timeout_s=self.limits.interaction_timeout_s)
 
     def make_session(self, index: int, row: dict[str, Any]) -> ToolAgentSession:
         agent = row.get("agent_name") or self.default_agent
@@ -68,6 +78,8 @@ class AgentLoopRunner:
             tools_kwargs=dict(extra.get("tools_kwargs") or {}),
             interaction=interaction,
             interaction_kwargs=interaction_kwargs,
+            tool_runner=self.tool_runner,
+            interaction_runner=self.interaction_runner,
         )
 
     async def run(

@@ -16,7 +16,7 @@ from typing import Any
 
 from stratarl.agent.trajectory import Trajectory
 from stratarl.reward.batch_scorer import RewardResult
-from stratarl.reward.process_pool import ScoringPool, outcomes_to_result
+from stratarl.reward.process_pool import outcomes_to_result
 
 
 def solution_text(tokenizer: Any, trajectory: Trajectory, *, include_observations: bool = False) -> str:
@@ -30,9 +30,10 @@ def solution_text(tokenizer: Any, trajectory: Trajectory, *, include_observation
 
 
 class StreamingScorer:
-    """Submit finished trajectories to `pool`; `submitted_at[i]` is when row i went in (monotonic s)."""
+    """Submit finished trajectories to `pool` (a `ScoringPool` or a `RewardManager`: anything with
+    `submit` and `max_examples`); `submitted_at[i]` is when row i went in (monotonic s)."""
 
-    def __init__(self, pool: ScoringPool, tokenizer: Any, *, include_observations: bool = False) -> None:
+    def __init__(self, pool: Any, tokenizer: Any, *, include_observations: bool = False) -> None:
         self.pool, self.tokenizer, self.include_observations = pool, tokenizer, include_observations
         self.futures: dict[int, Future] = {}
         self.trajectories: dict[int, Trajectory] = {}

@@ -8,7 +8,10 @@
 
 A session never calls the engine itself: `request()` says what to generate next and
 `on_generated()` takes the result, so a driver (`runner`) can batch the turns of many sessions
-into one engine call. Tools and interactions are async (`process_tools`, `interact`). The response
+into one engine call. Tools and interactions are async (`process_tools`, `interact`) and are user
+code, run under deadlines (`agent.isolation`): a call that times out, exits or crashes becomes an
+error observation (tools) or ends the episode with "interaction_error", and is recorded in
+`Trajectory.failures`. The response
 never exceeds `response_budget` tokens: each turn's max_tokens is capped by the room left, and an
 observation that would not leave room for one more action token is not appended (the episode
 stops with "response_budget"), as in verl.
@@ -24,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratarl.agent.interactions.base import Interaction
+from stratarl.agent.isolation import CallFailure, InteractionRunner, ThreadToolRunner, ToolError
 from stratarl.agent.rendering import ChatRenderer
 from stratarl.agent.tool_parsers import ToolCall, get_parser
-from stratarl.agent.tools.base import Tool, ToolResult, truncate_text
+from stratarl.agent.tools.base import Tool, truncate_text
 from stratarl.agent.trajectory import ToolCallRecord, Trajectory, Turn
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
 
@@ -43,7 +47,8 @@ class LoopLimits:
     """response_budget: most response tokens (assistant + observation), verl's response_length;
     max_assistant_turns / max_user_turns: None = unlimited (user turns count tool observations and
     interaction replies, as verl); max_parallel_calls: calls run per turn (extra ones are dropped);
-    tool_timeout_s: per call; max_tool_response_chars / truncate_side ("head", "tail", "middle");
+    tool_timeout_s: per call; interaction_timeout_s: per call of an interaction (start, respond,
+    finalize); max_tool_response_chars / truncate_side ("head", "tail", "middle");
     on_parse_error: "terminate" or "feedback" (the error goes back to the model as a tool message);
     tool_format: a parser of `tool_parsers.PARSERS`."""
 
@@ -52,6 +57,7 @@ class LoopLimits:
     max_user_turns: int | None = None
     max_parallel_calls: int = 1
     tool_timeout_s: float = 10.0
+    interaction_timeout_s: float = 30.0
     max_tool_response_chars: int = 256
     truncate_side: str = "middle"
     on_parse_error: str = "terminate"
@@ -60,6 +66,8 @@ class LoopLimits:
     def __post_init__(self) -> None:
         if self.on_parse_error not in ("terminate", "feedback"):
             raise ValueError(f"on_parse_error must be 'terminate' or 'feedback', got {self.on_parse_error!r}")
+        if self.tool_timeout_s <= 0 or self.interaction_timeout_s <= 0:
+            raise ValueError("tool_timeout_s and interaction_timeout_s must be > 0")
         if self.response_budget < 1 or self.max_parallel_calls < 1:
             raise ValueError("response_budget and max_parallel_calls must be >= 1")
         get_parser(self.tool_format)
@@ -78,8 +86,15 @@ class ToolAgentSession:
         tools_kwargs: dict[str, Any] | None = None,
         interaction: Interaction | None = None,
         interaction_kwargs: dict[str, Any] | None = None,
+        tool_runner: Any = None,
+        interaction_runner: InteractionRunner | None = None,
     ) -> None:
         self.trajectory, self.renderer, self.limits = trajectory, renderer, limits
+        # Where user code runs (agent.isolation): tools in threads unless a runner is given.
+        self.tool_runner = tool_runner or ThreadToolRunner(timeout_s=limits.tool_timeout_s)
+        self.interaction_runner = interaction_runner or InteractionRunner(
+            timeout_s=limits.interaction_timeout_s
+        )
         self.tools = tools or {}
         self.tools_kwargs = tools_kwargs or {}
         self.interaction, self.interaction_kwargs = interaction, interaction_kwargs or {}
@@ -98,11 +113,30 @@ class ToolAgentSession:
 
     async def start(self) -> None:
         if self.interaction is not None:
-            self.interaction_id = await self.interaction.start(None, **self.interaction_kwargs)
+            interaction = self.interaction
+            self.interaction_id = await self._interaction_call(
+                "start", lambda: interaction.start(None, **self.interaction_kwargs)
+            )
 
     async def finish(self) -> None:
-        if self.interaction is not None and self.interaction_id is not None:
-            await self.interaction.finalize(self.interaction_id)
+        failed = self.trajectory.stop_reason == "interaction_error"  # do not wait on it twice
+        if self.interaction is not None and self.interaction_id is not None and not failed:
+            interaction, instance_id = self.interaction, self.interaction_id
+            await self._interaction_call("finalize", lambda: interaction.finalize(instance_id))
+
+    async def _interaction_call(self, step: str, make: Any) -> Any:
+        """One call of the interaction under its deadline; a failure ends the episode
+        ("interaction_error"), is recorded, and returns None."""
+        try:
+            return await self.interaction_runner.run(make)
+        except CallFailure as failure:
+            reason, message = failure.reason, failure.message
+        except Exception as err:
+            reason, message = "error", f"{type(err).__name__}: {err}"
+        self.trajectory.failures.append(f"interaction_{reason}")
+        self.trajectory.failure_messages.append(f"interaction {step}: {message}"[:300])
+        self.stop("interaction_error")
+        return None
 
     # --- GENERATING ----------------------------------------------------------------------
     def request(self, sampling: SamplingParams, seed: int | None = None) -> GenerationRequest:
@@ -175,10 +209,18 @@ class ToolAgentSession:
                 raise LookupError(
                     f"unknown tool {call.name!r}; available: {', '.join(sorted(self.tools)) or 'none'}"
                 )
-            result = await asyncio.wait_for(self._run_tool(tool, call), timeout=self.limits.tool_timeout_s)
-            record.result, record.reward = result.text, result.reward
-        except asyncio.TimeoutError:
-            record.error = f"timed out after {self.limits.tool_timeout_s:g} s"
+            create_kwargs = self.tools_kwargs.get(call.name, {}).get("create_kwargs", {})
+            context = {"trajectory": self.trajectory}
+            result = await self.tool_runner.run(tool, create_kwargs, dict(call.arguments), context)
+            record.result, record.reward = str(result.text), result.reward
+        except CallFailure as failure:  # timed out, exited, crashed: also a failure of the episode
+            record.error, record.failure = failure.message, failure.reason
+            self.trajectory.failures.append(f"tool_{failure.reason}")
+            self.trajectory.failure_messages.append(
+                f"tool {call.name}: {failure.reason}: {failure.message}"[:300]
+            )
+        except ToolError as err:  # raised in a worker process: already "<Class>: <message>"
+            record.error = str(err)
         except Exception as err:
             record.error = f"{type(err).__name__}: {err}"
         record.duration_s = time.perf_counter() - started
@@ -189,19 +231,14 @@ class ToolAgentSession:
         )
         return record
 
-    async def _run_tool(self, tool: Tool, call: ToolCall) -> ToolResult:
-        create_kwargs = self.tools_kwargs.get(call.name, {}).get("create_kwargs", {})
-        instance_id = await tool.create(None, **create_kwargs)
-        try:
-            return await tool.execute(instance_id, call.arguments, trajectory=self.trajectory)
-        finally:
-            await tool.release(instance_id)
-
     # --- INTERACTING -----------------------------------------------------------------------
     async def interact(self) -> None:
         """Ask the interaction for a reply; append it as a user turn unless the episode ends."""
         assert self.interaction is not None and self.interaction_id is not None
-        reply = await self.interaction.respond(self.interaction_id, self.trajectory.messages)
+        interaction, instance_id, messages = self.interaction, self.interaction_id, self.trajectory.messages
+        reply = await self._interaction_call("respond", lambda: interaction.respond(instance_id, messages))
+        if reply is None:  # the interaction failed: the episode has stopped
+            return
         if reply.should_terminate:
             # The closing reply is recorded (with its score) but not appended: an empty span.
             end = len(self.trajectory.response_ids)

@@ -14,7 +14,6 @@ arguments that are not an object), so the loop can end the episode or feed the e
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,8 +40,7 @@ class ParseResult:
         return bool(self.errors)
 
 
-_HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_HERMES_OPEN = "<tool_call>"
+_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
 
 
@@ -78,17 +76,34 @@ def _decode(text: str) -> tuple[Any, str | None]:
 def parse_hermes(text: str) -> ParseResult:
     """`<tool_call>{json}</tool_call>` blocks; an opening tag without its closing tag is an error."""
     calls, errors = [], []
-    for block in _HERMES_BLOCK.findall(text):
+    blocks, content, unclosed = _hermes_blocks(text)
+    for block in blocks:
         obj, error = _decode(block.strip())
         call, error = (None, error) if error else _call_from_object(obj, ("arguments", "parameters"))
         if call is not None:
             calls.append(call)
         else:
             errors.append(str(error))
-    content = _HERMES_BLOCK.sub("", text)
-    if _HERMES_OPEN in content:
+    if unclosed:
         errors.append("unclosed <tool_call> tag")
     return ParseResult(content, calls, errors)
+
+
+def _hermes_blocks(text: str) -> tuple[list[str], str, bool]:
+    """(the text inside each <tool_call>…</tool_call>, the text outside them, an open tag left
+    unclosed). Each block ends at the first closing tag after its opening one. A linear scan: the
+    regex `<tool_call>(.*?)</tool_call>` takes quadratic time on many unclosed tags (measured 46 s
+    on 20,000 of them), and this runs inside the agent's event loop."""
+    blocks, outside, position = [], [], 0
+    while (start := text.find(_HERMES_OPEN, position)) >= 0:
+        end = text.find(_HERMES_CLOSE, start + len(_HERMES_OPEN))
+        if end < 0:
+            break
+        outside.append(text[position:start])
+        blocks.append(text[start + len(_HERMES_OPEN) : end])
+        position = end + len(_HERMES_CLOSE)
+    outside.append(text[position:])
+    return blocks, "".join(outside), start >= 0
 
 
 def parse_llama3_json(text: str) -> ParseResult:

@@ -20,6 +20,7 @@ StopReason = Literal[
     "max_user_turns",
     "parse_error",  # a malformed tool call, with on_parse_error="terminate"
     "interaction_done",  # the interaction ended the episode
+    "interaction_error",  # the interaction raised, timed out or exited (see Trajectory.failures)
 ]
 
 
@@ -33,6 +34,7 @@ class ToolCallRecord:
     duration_s: float = 0.0
     error: str | None = None
     reward: float | None = None
+    failure: str | None = None  # "timeout", "SystemExit", "process_exit", ...: not an ordinary error
 
     @property
     def is_error(self) -> bool:
@@ -75,6 +77,9 @@ class Trajectory:
     num_user_turns: int = 0
     reward: float | None = None  # set when scored (e.g. during rollout)
     reward_extras: dict[str, Any] = field(default_factory=dict)
+    # user code that timed out, exited or crashed: "tool_timeout", "interaction_SystemExit", ...
+    failures: list[str] = field(default_factory=list)
+    failure_messages: list[str] = field(default_factory=list)
 
     def append(
         self, ids: list[int], *, sampled: bool, log_probs: list[float] | None = None
@@ -133,6 +138,7 @@ class Trajectory:
             "reward": self.reward,
             "reward_on_token": self.last_action_index,
             "turn_scores": self.turn_scores,
+            "failures": list(self.failure_messages),
             "turns": [
                 {
                     "role": t.role,
@@ -150,6 +156,7 @@ class Trajectory:
                             "result": c.result,
                             "duration_s": round(c.duration_s, 6),
                             "error": c.error,
+                            "failure": c.failure,
                             "reward": c.reward,
                         }
                         for c in t.tool_calls

@@ -1,8 +1,9 @@
 """Layer 3, orchestration: the critic's worker group — `CriticWorker`'s methods over D data-parallel ranks.
 
-The trainer holds a `CriticWorker` (in-process) or a `CriticWorkerGroup` and calls both the same
-way. As in the policy's group (`worker_group`), each method names its phase and the worker method
-the ranks run, and `path` carries the rows: `dispatch.DirectDispatch` (padded scoring shares for
+The trainer holds a `CriticWorkerGroup` (a `handles.CriticHandle`) whatever the backend: one
+in-process rank (`in_process`) or D Ray ranks of the critic's own (`ray_critic_group`). As in the
+policy's group (`worker_group`), each method names its phase and the `CriticWorker` function the
+ranks run, and `path` carries the rows: `dispatch.DirectDispatch` (padded scoring shares for
 values, per-mini-batch update shares with zero-weight pad rows, gathered in row order) or, on Ray,
 the policy's TransferQueue (`QueueRows`): the ranks read their rows there and write their values
 back, the controller sends references. Checkpoint calls are one-to-all: the ranks gather their
@@ -14,12 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stratarl.cluster.critic_rank import CriticSpec
 from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.queue_rows import QueueRows
-from stratarl.cluster.ranks import InProcessRanks, RayRanks
-from stratarl.cluster.worker_group import SCORING_COLUMNS
+from stratarl.cluster.ranks import InProcessRanks, Ranks
+from stratarl.cluster.specs import CriticSpec
+from stratarl.cluster.worker_group import IN_PROCESS, SCORING_COLUMNS, Deployment, set_threads
 from stratarl.engine.training import LossFn
 from stratarl.transport.data_proto import DataProto
 
@@ -27,34 +28,52 @@ from stratarl.transport.data_proto import DataProto
 class CriticWorkerGroup:
     """The critic's ranks behind `CriticWorker`'s methods.
 
-    ranks: `InProcessRanks` of `CriticWorker`s or `RayRanks` of `CriticRank` actors (rank r = shard r).
+    ranks: `InProcessRanks` of `CriticWorker`s or `RayRanks` of rank processes each holding one.
     linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks.
     queue_rows: the policy's TransferQueue rows (Ray), or None: batches travel as DataProto.
+    deployment: what was started for the ranks, released with the group (None: nothing).
     """
 
     def __init__(
         self,
-        ranks: InProcessRanks | RayRanks,
+        ranks: Ranks,
         *,
         linear_coeff: float = 0.0,
         queue_rows: QueueRows | None = None,
+        deployment: Deployment | None = None,
     ):
         self.ranks, self.linear_coeff, self.rows = ranks, linear_coeff, queue_rows
         self.path = queue_rows or DirectDispatch(linear_coeff)  # as in `PolicyWorkerGroup`
+        self.deployment = deployment
 
     @classmethod
-    def in_process(cls, spec: CriticSpec) -> CriticWorkerGroup:
+    def in_process(cls, spec: CriticSpec, *, threads: int | None = None) -> CriticWorkerGroup:
         """The embedded backend: one `CriticWorker` in this process."""
-        return cls(InProcessRanks("critic", [CriticWorker(**spec.worker_kwargs())]))
+        set_threads(threads)
+        return cls(InProcessRanks("critic", [CriticWorker(spec)]))
 
     @property
     def size(self) -> int:
         return self.ranks.size
 
+    def placement(self) -> dict[str, list[str]]:
+        """{"critic": where each rank runs: Ray node ids, or this process}."""
+        if self.deployment is None:
+            return {"critic": [IN_PROCESS] * self.size}
+        return {"critic": list(self.deployment.nodes["critic"])}
+
+    def local_worker(self) -> CriticWorker:
+        """The `CriticWorker` of a one-rank in-process group, to look inside it (tests, notebooks)."""
+        if not isinstance(self.ranks, InProcessRanks) or self.ranks.size != 1:
+            raise RuntimeError(f"the critic's {self.size} rank(s) are not one worker in this process")
+        return self.ranks.workers[0]
+
     def compute_values(self, batch: DataProto) -> DataProto:
         """[N, T] `values` of every row: each rank scores a balanced share (pad rows dropped after);
         through the queue, the ranks also store them there for the update to read."""
-        return self.path.score(self.ranks, "critic.value", "compute_values", batch, SCORING_COLUMNS)
+        return self.path.score(
+            self.ranks, "critic.value", CriticWorker.compute_values, batch, SCORING_COLUMNS
+        )
 
     def update_critic(
         self,
@@ -71,7 +90,7 @@ class CriticWorkerGroup:
         metrics, split = self.path.update(
             self.ranks,
             "critic.update",
-            "update_critic",
+            CriticWorker.update_critic,
             batch,
             loss_fn,
             mini_batch_size=mini_batch_size,
@@ -82,15 +101,15 @@ class CriticWorkerGroup:
 
     # --- one-to-all: every rank joins the gather of its shards, rank 0 writes -------------------
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        return self.ranks.call_all("save", "save_pretrained", out_dir)[0]
+        return self.ranks.call_all("save", CriticWorker.save_pretrained, out_dir)[0]
 
     def stage_checkpoint(self, root: str | Path, step: int) -> Path:
         """The critic's part of checkpoint `step`, staged for the policy's atomic save."""
-        return self.ranks.call_all("save", "stage_checkpoint", root, step)[0]
+        return self.ranks.call_all("save", CriticWorker.stage_checkpoint, root, step)[0]
 
     def load_checkpoint(self, root: str | Path, step: int) -> None:
         """Every rank restores its shards from checkpoint `step` (rank 0 reads, then broadcasts)."""
-        self.ranks.call_all("load", "load_checkpoint", root, step)
+        self.ranks.call_all("load", CriticWorker.load_checkpoint, root, step)
 
     # --- the group -------------------------------------------------------------------------------
     def controller_bytes(self) -> dict[str, float]:
@@ -107,7 +126,10 @@ class CriticWorkerGroup:
         return self.ranks.dump_stacks(folder, header)
 
     def shutdown(self) -> None:
+        """Stop the ranks and release what was started for them."""
         self.ranks.stop()
+        if self.deployment is not None:
+            self.deployment.stop()
 
     def __enter__(self) -> CriticWorkerGroup:
         return self

@@ -1,23 +1,24 @@
 """Layer 3, orchestration: the critic worker — the value model of PPO, in its own role.
 
 verl's `CriticWorker`: a separate role from the policy because it trains a separate model (a causal
-LM body with a scalar head, `engine.critic`). The trainer calls it through these methods only:
-`compute_values` before the advantage, `update_critic` with the value loss the trainer built, and
-the checkpoint pair (`stage_checkpoint` writes its part ahead of the policy's atomic save,
-`load_checkpoint` restores it from the step the policy's load chose; see `run_checkpoint`).
+LM body with a scalar head, `engine.critic`). It is built one way, from a `CriticSpec`, in this
+process or on a Ray rank that has joined the critic's own process group (`distributed=True`: the
+value model is sharded with FSDP2 over it); the rank holds this object. The trainer calls it
+through a `CriticWorkerGroup`: `compute_values` before the advantage, `update_critic` with the value
+loss the trainer built, and the checkpoint pair (`stage_checkpoint` writes its part ahead of the
+policy's atomic save, `load_checkpoint` restores it from the step the policy's load chose).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from stratarl.cluster.policy_worker import DTYPES
+from stratarl.cluster.policy_worker import data_parallel
+from stratarl.cluster.specs import CriticSpec
 from stratarl.engine.checkpoint import CheckpointManager
 from stratarl.engine.critic import Critic, load_value_model
-from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.lora import strip_prefix
 from stratarl.engine.training import LossFn
 from stratarl.transport.data_proto import DataProto
@@ -25,39 +26,40 @@ from stratarl.transport.data_proto import DataProto
 CHECKPOINT_ROLE = "critic"  # its directory in a checkpoint
 
 
-def load_critic(
-    model_path: str | Path,
-    critic_kwargs: dict[str, Any],
-    dtype: str = "float32",
-    *,
-    init_seed: int | None = None,
-    data_parallel: DataParallel | None = None,
-) -> Critic:
-    """A `Critic` over `model_path`. A causal LM gets a fresh scalar head, drawn from the global RNG
-    (None) or from `init_seed` without touching it — data-parallel ranks must draw the same head,
-    since FSDP2 shards each rank's own copy."""
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
-        if init_seed is not None:
-            torch.manual_seed(init_seed)
-        model = load_value_model(model_path, DTYPES[dtype])
-    return Critic(model, **critic_kwargs, data_parallel=data_parallel)
-
-
 class CriticWorker:
     """A `Critic` over a model directory: a causal LM (its body gets a fresh scalar head, as verl does
     when the critic starts from the actor's checkpoint) or a saved value model."""
 
-    def __init__(
-        self,
-        *,
-        model_path: str | Path,
-        critic_kwargs: dict,
-        dtype: str = "float32",
-        init_seed: int | None = None,
-    ):
-        self.critic = load_critic(model_path, critic_kwargs, dtype, init_seed=init_seed)
+    def __init__(self, spec: CriticSpec, *, distributed: bool = False):
+        self.spec = spec
+        dp = data_parallel(spec.precision, distributed=distributed)
+        # A fresh head is drawn from init_seed without touching the global RNG: data-parallel ranks
+        # must draw the same head (seed 0 when none is given), since FSDP2 keeps rank r's slice of
+        # rank r's copy.
+        seed = 0 if spec.init_seed is None and distributed else spec.init_seed
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            model = load_value_model(
+                spec.model.path, spec.model.torch_dtype, trust_remote_code=spec.model.trust_remote_code
+            ).to(spec.model.device)
+        o, b = spec.optimizer, spec.batching
+        self.critic = Critic(
+            model,
+            lr=o.lr,
+            weight_decay=o.weight_decay,
+            betas=o.betas,
+            grad_clip=o.grad_clip,
+            lr_schedule=o.lr_schedule,
+            warmup_steps=o.warmup_steps,
+            total_steps=o.total_steps,
+            min_lr_ratio=o.min_lr_ratio,
+            micro_batch_size=b.micro_batch_size,
+            max_tokens_per_micro_batch=b.max_tokens_per_micro_batch,
+            layout=b.layout,
+            gradient_checkpointing=spec.model.gradient_checkpointing,
+            data_parallel=dp,
+        )
 
     def compute_values(self, batch: DataProto) -> DataProto:
         """[N, T] V(s_t) of every response token under the current critic (`values`)."""
@@ -95,18 +97,3 @@ class CriticWorker:
     def load_checkpoint(self, root: str | Path, step: int) -> None:
         """Restore the critic from checkpoint `step`, which the policy's load chose and verified."""
         CheckpointManager(root, dp=self.critic.dp).load_role(step, CHECKPOINT_ROLE, self.critic)
-
-    # --- the worker as a group of one (the interface `critic_group.CriticWorkerGroup` shares) -------
-    def controller_bytes(self) -> dict[str, float]:
-        """Bytes between the controller and other processes: none, everything is in this one."""
-        return {"controller/sent_bytes": 0.0, "controller/received_bytes": 0.0}
-
-    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
-        """Nothing to arm: this worker is the controller's process, which the watchdog dumps itself."""
-        return []
-
-    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
-        return []
-
-    def shutdown(self) -> None:
-        """Nothing to stop: the model lives as long as this process holds it."""

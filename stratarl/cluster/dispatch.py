@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stratarl.cluster.ranks import Method, Ranks
 from stratarl.engine.partition import rank_balanced_order
 from stratarl.transport.data_proto import DataProto
 
@@ -124,7 +125,13 @@ class DirectDispatch:
     linear_coeff: float = 0.0
 
     def score(
-        self, ranks: Any, phase: str, method: str, batch: DataProto, columns: Sequence[str], **options: Any
+        self,
+        ranks: Ranks,
+        phase: str,
+        method: Method,
+        batch: DataProto,
+        columns: Sequence[str],
+        **options: Any,
     ) -> DataProto:
         """`method` (a scoring method of the ranks' worker) on D balanced shares of the batch's
         `columns`; the outputs come back in row order, pad rows dropped."""
@@ -135,9 +142,9 @@ class DirectDispatch:
 
     def update(
         self,
-        ranks: Any,
+        ranks: Ranks,
         phase: str,
-        method: str,
+        method: Method,
         batch: DataProto,
         loss_fn: Any,
         *,

@@ -1,131 +1,144 @@
-"""Layer 3, orchestration: the colocated policy worker — actor, rollout and reference in one process.
+"""Layer 3, orchestration: the colocated policy worker — actor, rollout engine and reference in one process.
 
 A worker hosts roles; this one hosts the three that share the policy's weights, switching between
 phases on the same device (verl's `ActorRolloutRefWorker`, as data rather than flags: the roles are
-separate objects). The trainer calls it through these methods only; each body shows where the
-batch goes. Issue-8 worker groups put several of these behind the same methods, one per rank.
+separate objects). It is built one way, from a `PolicySpec`: in this process (`distributed=False`,
+the in-process backend) or on a Ray rank that has joined its role's process group
+(`distributed=True`: the actor and reference are sharded with FSDP2 over it). The rank holds this
+object and runs these same methods on its share of rows (`rank_process.RankProcess`).
+
+Weight sync is the same in both: the actor's full weights are gathered on rank 0 and handed to every
+rank's engine; a LoRA actor sends its base weights and adapter the first time, then the adapter
+alone (verl's adapter-only sync after `base_sync_done`).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
 
+from stratarl.cluster.rollout_set import generation_requests, results_proto
+from stratarl.cluster.specs import LoraSpec, PolicySpec, PrecisionSpec, ReferenceSpec
 from stratarl.engine.actor import Actor, LossFn, Reference
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
+from stratarl.engine.data_parallel import DataParallel
+from stratarl.engine.hf_models import load_causal_lm
 from stratarl.engine.lora import apply_lora, base_state, is_lora, strip_prefix
-from stratarl.rollout.batch_layout import results_to_batch
-from stratarl.rollout.interface import GenerationRequest, SamplingParams
-from stratarl.rollout.torch_engine import TorchRolloutEngine
-from stratarl.rollout.weight_sync import WeightLoadReport
+from stratarl.rollout.factory import build_rollout_engine
+from stratarl.rollout.interface import SamplingParams
+from stratarl.rollout.weight_sync import (
+    DEFAULT_BUCKET_BYTES,
+    WeightLoadReport,
+    WeightSyncTarget,
+    push_weights,
+)
 from stratarl.transport.data_proto import DataProto
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CHECKPOINT_ROLE = "actor"  # its directory in a checkpoint
 
 
-def load_causal_lm(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
-    """Any local HF causal-LM directory."""
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+def data_parallel(precision: PrecisionSpec, *, distributed: bool) -> DataParallel:
+    """The role's data parallelism: FSDP2 over the process group this process joined, or none."""
+    settings = dict(
+        param_dtype=precision.param_dtype,
+        offload_params=precision.offload_params,
+        reshard_after_forward=precision.reshard_after_forward,
+    )
+    return DataParallel.over_world(**settings) if distributed else DataParallel(**settings)
 
 
-def lora_base_weights(actor: Actor) -> dict[str, torch.Tensor]:
+def lora_base_weights(actor: Actor) -> dict:
     """The frozen base weights under a LoRA actor, plain HF names: the first sync to the rollout."""
     return base_state(strip_prefix(actor.dp.full_model_state(actor.module), "lm."))
 
 
-def lora_reference_batching(reference_kwargs: dict | None) -> dict:
-    """The reference.* settings a LoRA actor's base reference honours: its micro-batching. (It scores
-    through the actor's module, so reference.logit_chunk_size does not apply.)"""
-    keys = ("micro_batch_size", "max_tokens_per_micro_batch", "layout")
-    return {k: v for k, v in (reference_kwargs or {}).items() if k in keys}
-
-
 class PolicyWorker:
-    """Actor + rollout engine (+ frozen reference) over one model directory."""
+    """Actor + rollout engine (+ frozen reference) over one model directory.
 
-    def __init__(
-        self,
-        *,
-        model_path: str | Path,
-        eos_token_ids: Sequence[int],
-        pad_token_id: int,
-        actor_kwargs: dict,
-        reference_kwargs: dict | None = None,
-        lora: dict | None = None,
-        dtype: str = "float32",
-        rollout_dtype: str = "float32",
-        with_reference: bool = False,
-        rollout_seed: int = 0,
-        max_num_seqs: int = 256,
-    ):
-        model = load_causal_lm(model_path, dtype)
-        # The rollout engine serves its own copy, so a generation never sees half-updated weights and
-        # may run in a lower precision than training. Copied before peft injects adapters in place.
-        rollout_model = copy.deepcopy(model).to(DTYPES[rollout_dtype]).eval().requires_grad_(False)
-        if lora:  # {rank, alpha, target_modules}: only the adapters train
-            model = apply_lora(model, **lora)
-        self.actor = Actor(model, **actor_kwargs)
-        self.rollout = TorchRolloutEngine(
-            rollout_model,
-            eos_token_ids=list(eos_token_ids),
-            pad_token_id=pad_token_id,
-            seed=rollout_seed,
-            max_num_seqs=max_num_seqs,
+    distributed: this process joined its role's process group; the actor and reference are sharded
+        over it, and this rank's engine is replica `rank`.
+    with_rollout: serve generation here (colocated); False when rollout replicas of their own serve
+        it (split plan), which receive the weights from rank 0 (`push_weights`).
+    """
+
+    def __init__(self, spec: PolicySpec, *, distributed: bool = False, with_rollout: bool = True):
+        self.spec = spec
+        dp = data_parallel(spec.precision, distributed=distributed)
+        model = load_causal_lm(spec.model)
+        # Copies are taken before LoRA and sharding: peft injects adapters in place, and fully_shard
+        # turns the model's parameters into DTensors.
+        self.rollout = (
+            build_rollout_engine(
+                spec.rollout,
+                spec.model,
+                source_model=model,
+                eos_token_ids=spec.eos_token_ids,
+                pad_token_id=spec.pad_token_id,
+                replica_id=dp.rank,
+            )
+            if with_rollout
+            else None
         )
-        self.pad_token_id = pad_token_id
-        self.reference = None
-        if with_reference and lora:  # the base under the adapter: the actor's weights, no copy
-            self.reference = Reference.base_of(self.actor, **lora_reference_batching(reference_kwargs))
-        elif with_reference:
-            settings = {"micro_batch_size": self.actor.micro_batch_size} | (reference_kwargs or {})
-            self.reference = Reference.copy_of(model, temperature=self.actor.temperature, **settings)
-        self._base_synced = False  # LoRA: the rollout holds the base weights after the first sync
+        frozen = copy.deepcopy(model) if spec.reference is not None and spec.lora is None else None
+        if spec.lora is not None:  # only the adapters train
+            model = apply_lora(model, **_lora_arguments(spec.lora))
+        self.actor = build_actor(model, spec, dp)
+        self.reference = None if spec.reference is None else build_reference(frozen, self.actor, spec, dp)
+        self._base_synced = False  # LoRA: the engine holds the base weights after the first sync
 
     # --- rollout -------------------------------------------------------------------------------
     def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
-        """One response per row of `prompts` (already repeated n times). Reads `raw_prompt_ids`;
-        returns the batch-edge layout (DESIGN.md §5) plus `rollout_log_probs` and `weight_version`.
-        With a seed, row i samples with seed + i: reproducible, and distinct across the n copies."""
-        requests = [
-            GenerationRequest(
-                request_id=str(i),
-                prompt_ids=list(ids),
-                sampling=sampling if seed is None else dataclasses.replace(sampling, seed=seed + i),
-            )
-            for i, ids in enumerate(prompts["raw_prompt_ids"])
-        ]
-        results = self.rollout.generate(requests)
-        columns = results_to_batch(
-            results, pad_token_id=self.pad_token_id, max_response_len=sampling.max_tokens
+        """One response per row of `prompts` (`raw_prompt_ids`, already repeated n times) from this
+        worker's engine, in the batch-edge layout (DESIGN.md §5) with `rollout_log_probs` and
+        `weight_version`; row i samples with seed + i. (A worker group routes over its engines.)"""
+        results = self._engine().generate(generation_requests(prompts, sampling, seed))
+        return results_proto(
+            results, pad_token_id=self.spec.pad_token_id, max_response_len=sampling.max_tokens
         )
-        tensors = {k: v for k, v in columns.items() if isinstance(v, torch.Tensor)}
-        provenance = {name: np.array(columns[name], dtype=object) for name in ("finish_reason", "replica_id")}
-        return DataProto.from_dict(tensors, provenance)
 
     def sync_weights(self, version: int | None = None) -> WeightLoadReport:
-        """Push the actor's weights into the rollout engine as version + 1, and check they arrived.
-        A LoRA actor sends its base weights and adapter the first time, then the adapter alone;
-        the report's num_bytes counts what moved."""
-        version = self.rollout.weight_version + 1 if version is None else version  # a resume sets it
+        """Actor -> this worker's engine as `version` (default: version + 1), checked on arrival. A
+        collective with ranks: every rank joins the gather, rank 0 hands the weights to the others."""
+        engine, dp = self._engine(), self.actor.dp
+        version = engine.weight_version + 1 if version is None else version  # a resume sets it
         if not is_lora(self.actor.model):
-            return self.rollout.load_weights(self.actor.export_weights(), version)
+            return engine.load_weights(dp.broadcast_object(self.actor.export_weights()), version)
         base = None if self._base_synced else lora_base_weights(self.actor)
-        report = self.rollout.load_adapter(self.actor.export_adapter(), version, base=base)
+        adapter = self.actor.export_adapter()  # full on rank 0, empty elsewhere
+        base, adapter = dp.broadcast_object((base, adapter))
+        report = engine.load_adapter(adapter, version, base=base)
         self._base_synced = True
         return report
 
+    def push_weights(
+        self, replicas: Sequence[WeightSyncTarget], *, version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> list[WeightLoadReport]:
+        """Split plan: every rank joins the gather; rank 0 sends the weights to each rollout replica,
+        directly (not through the controller): the full weights in buckets, checked by version and
+        checksum; for a LoRA actor the base weights and adapter the first time, then the adapter."""
+        if is_lora(self.actor.model):
+            base = None if self._base_synced else lora_base_weights(self.actor)
+            adapter, self._base_synced = self.actor.export_adapter(), True
+            if self.actor.dp.rank != 0:
+                return []
+            return [replica.load_adapter(adapter, version, base=base) for replica in replicas]
+        state = self.actor.export_weights()
+        if self.actor.dp.rank != 0:
+            return []
+        return push_weights(state, replicas, version=version, bucket_bytes=bucket_bytes)
+
     @property
     def weight_version(self) -> int:
-        return self.rollout.weight_version
+        return self._engine().weight_version
+
+    def _engine(self):
+        if self.rollout is None:
+            raise RuntimeError("this policy worker serves no generation (split plan): its replicas do")
+        return self.rollout
 
     # --- actor / reference ---------------------------------------------------------------------
     def compute_log_prob(
@@ -140,7 +153,7 @@ class PolicyWorker:
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         if self.reference is None:
-            raise RuntimeError("this worker was built without a reference model (with_reference=False)")
+            raise RuntimeError("this worker was built without a reference model (PolicySpec.reference=None)")
         return DataProto.from_dict({"ref_log_prob": self.reference.compute_log_prob(batch)})
 
     def update_actor(
@@ -167,54 +180,81 @@ class PolicyWorker:
         share, …; `engine.training`): {} unless that update's batch carried `row_id`."""
         return dict(self.actor.last_row_statistics)
 
-    # --- checkpoints -----------------------------------------------------------------------------
+    # --- checkpoints (collectives with ranks: every rank joins, rank 0 writes) -------------------
     def save_checkpoint(
         self,
         root: str | Path,
         step: int,
         *,
-        extra_roles: dict[str, Any] | None = None,
         tokenizer: Any = None,
         trainer_state: dict[str, Any] | None = None,
         max_to_keep: int | None = None,
         staged_roles: Sequence[str] = (),
     ) -> Path:
-        """root/global_step_{step}: the actor (+ extra_roles, e.g. an in-process critic), RNG, the HF
-        export and the trainer's state, atomically (`engine.checkpoint`). A collective with ranks.
-        staged_roles: roles their own workers staged for this step (a critic's), moved in with it."""
+        """root/global_step_{step}: the actor, RNG, the HF export and the trainer's state, atomically
+        (`engine.checkpoint`). staged_roles: roles their own workers staged for this step (a critic's),
+        moved in with it."""
         manager = CheckpointManager(root, max_to_keep=max_to_keep, dp=self.actor.dp)
-        roles = {"actor": self.actor} | (extra_roles or {})
-        state, staged = trainer_state, staged_roles
         return manager.save(
-            step, roles, hf_policy=self.actor, tokenizer=tokenizer, trainer_state=state, staged=staged
+            step,
+            {CHECKPOINT_ROLE: self.actor},
+            hf_policy=self.actor,
+            tokenizer=tokenizer,
+            trainer_state=trainer_state,
+            staged=staged_roles,
         )
 
-    def load_checkpoint(
-        self, root: str | Path, *, step: int | None = None, extra_roles: dict[str, Any] | None = None
-    ) -> LoadedCheckpoint | None:
-        """Restore the newest complete checkpoint under root (or `step`) into the actor (+ extra_roles)
-        and the RNG states; None when there is none."""
-        manager = CheckpointManager(root, dp=self.actor.dp)
-        return manager.load({"actor": self.actor} | (extra_roles or {}), step=step)
-
-    # --- the worker as a group of one (the interface `worker_group.PolicyWorkerGroup` shares) -------
-    def controller_bytes(self) -> dict[str, float]:
-        """Bytes between the controller and other processes: none, everything is in this one."""
-        return {"controller/sent_bytes": 0.0, "controller/received_bytes": 0.0}
-
-    def clear_queue(self) -> None:
-        """Nothing to clear: in one process the batch is the only copy of the step's rows."""
-
-    def arm_stack_dumps(self, folder: str | Path) -> list[str]:
-        """Nothing to arm: this worker is the controller's process, which the watchdog dumps itself."""
-        return []
-
-    def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
-        return []
-
-    def shutdown(self) -> None:
-        """Nothing to stop: the models live as long as this process holds them."""
+    def load_checkpoint(self, root: str | Path, *, step: int | None = None) -> LoadedCheckpoint | None:
+        """Restore the newest complete checkpoint under root (or `step`) into the actor and the RNG
+        states; None when there is none."""
+        return CheckpointManager(root, dp=self.actor.dp).load({CHECKPOINT_ROLE: self.actor}, step=step)
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """The actor's weights as an HF directory (loadable with `from_pretrained`; LoRA merged)."""
         return self.actor.save_hf(out_dir)
+
+
+def build_actor(model, spec: PolicySpec, dp: DataParallel) -> Actor:
+    a, o = spec.actor, spec.actor.optimizer
+    return Actor(
+        model,
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        betas=o.betas,
+        grad_clip=o.grad_clip,
+        lr_schedule=o.lr_schedule,
+        warmup_steps=o.warmup_steps,
+        total_steps=o.total_steps,
+        min_lr_ratio=o.min_lr_ratio,
+        micro_batch_size=a.batching.micro_batch_size,
+        max_tokens_per_micro_batch=a.batching.max_tokens_per_micro_batch,
+        layout=a.batching.layout,
+        logit_chunk_size=a.logit_chunk_size,
+        temperature=a.temperature,
+        gradient_checkpointing=spec.model.gradient_checkpointing,
+        data_parallel=dp,
+    )
+
+
+def build_reference(frozen, actor: Actor, spec: PolicySpec, dp: DataParallel) -> Reference:
+    """A frozen copy of the starting model, or under LoRA the base under the actor's adapter (no copy)."""
+    r: ReferenceSpec = spec.reference
+    batching = dict(
+        micro_batch_size=r.batching.micro_batch_size,
+        max_tokens_per_micro_batch=r.batching.max_tokens_per_micro_batch,
+        layout=r.batching.layout,
+    )
+    if spec.lora is not None:
+        return Reference.base_of(actor, **batching)
+    return Reference(
+        frozen,
+        temperature=actor.temperature,
+        logit_chunk_size=r.logit_chunk_size,
+        data_parallel=dp,
+        **batching,
+    )
+
+
+def _lora_arguments(lora: LoraSpec) -> dict[str, Any]:
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    return {"rank": lora.rank, "alpha": lora.alpha, "target_modules": targets}

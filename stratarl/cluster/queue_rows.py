@@ -27,7 +27,8 @@ from stratarl.cluster.dispatch import (
     split_for_ranks,
     split_for_update,
 )
-from stratarl.cluster.queue_shard import QueueShard
+from stratarl.cluster.queue_shard import QueueShard, run_on_queue
+from stratarl.cluster.ranks import Method, Ranks
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.kv_meta import QUEUED_FIELDS, FieldInfo, KVBatchMeta
 from stratarl.transport.tensor_codec import dtype_name, tensor_to_array
@@ -144,7 +145,13 @@ class QueueRows:
 
     # --- a phase through the queue -----------------------------------------------------------------
     def score(
-        self, ranks: Any, phase: str, method: str, batch: DataProto, columns: Sequence[str], **options: Any
+        self,
+        ranks: Ranks,
+        phase: str,
+        method: Method,
+        batch: DataProto,
+        columns: Sequence[str],
+        **options: Any,
     ) -> DataProto:
         """`method` (a scoring method of the ranks' worker) on the batch's rows, via the queue:
         store what the controller changed, send each rank a shard reference; the ranks write their
@@ -154,16 +161,16 @@ class QueueRows:
             meta, batch["attention_mask"], ranks.size, linear_coeff=self.balance
         )
         outputs = gather_from_ranks(
-            ranks.call(phase, "run_on_queue", [((s, method), options) for s in shards]), split
+            ranks.call(phase, run_on_queue, [((s, method), options) for s in shards]), split
         )
         self.remember(meta.keys, outputs)
         return outputs
 
     def update(
         self,
-        ranks: Any,
+        ranks: Ranks,
         phase: str,
-        method: str,
+        method: Method,
         batch: DataProto,
         loss_fn: Any,
         *,
@@ -182,7 +189,7 @@ class QueueRows:
         )
         options["mini_batch_size"] = split.local_mini_batch_size
         calls = [((shard, method, loss_fn), options) for shard in shards]
-        return ranks.call(phase, "run_on_queue", calls), split
+        return ranks.call(phase, run_on_queue, calls), split
 
     def materialize(self, batch: DataProto) -> DataProto:
         """The batch with its queued bulk columns read back from the queue (for inspection, or to

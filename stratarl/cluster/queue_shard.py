@@ -14,7 +14,7 @@ results and writes every column to the queue; only the columns the controller re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,16 +65,16 @@ class QueueShard:
             self.queue.put(outputs.take([real[r] for r in rows]), meta=self.meta.select_rows(rows))
 
 
-class QueueReader:
-    """Mixin of rank actors: run one of the worker's own methods on rows read from the queue."""
-
-    def run_on_queue(self, shard: QueueShard, method: str, *args: Any, **kwargs: Any) -> Any:
-        """`method(batch, *args, **kwargs)` on the shard's rows; a DataProto result is also written
-        back to the queue (log-probs, values), other results (update metrics) are only returned."""
-        result = getattr(self, method)(shard.read(), *args, **kwargs)
-        if isinstance(result, DataProto):
-            shard.write(result)
-        return result
+def run_on_queue(
+    worker: Any, shard: QueueShard, method: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """`method(worker, batch, *args, **kwargs)` on the shard's rows, read from the queue by the rank
+    itself; a DataProto result is also written back (log-probs, values), other results (update
+    metrics) are only returned. A worker group calls this on every rank like any worker method."""
+    result = method(worker, shard.read(), *args, **kwargs)
+    if isinstance(result, DataProto):
+        shard.write(result)
+    return result
 
 
 def generate_into_queue(

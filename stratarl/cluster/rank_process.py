@@ -1,19 +1,25 @@
-"""Layer 3, orchestration: what the rank processes of a role share, and how a role's ranks start.
+"""Layer 3, orchestration: the process a rank runs in — a Ray actor that holds one worker of its role.
 
-A rank (`PolicyRank`, `CriticRank`) is a Ray actor built in two steps, because the ranks of a
-role must meet before any model is sharded over them:
+`RankProcess` is the same for every role: it does not inherit a worker, it holds one (`worker`),
+built in this process by `build`, a picklable callable such as `partial(PolicyWorker, spec)`. So a
+rank runs literally the construction code of the in-process backend, and every call is
+`run(method, ...)` = `method(worker, ...)` with the worker class's own functions. A rank starts in
+two steps, because the ranks of a role must meet before any model is sharded over them:
 
-1. the constructor (`RankProcess.set_up`) only sets this process's torch threads from its CPU share;
+1. the constructor only sets this process's torch threads (its CPU share, or
+   `cluster.threads_per_worker`);
 2. `start_ranks` asks every rank for its node, lets rank 0 choose where the group meets
    (`rendezvous_address`: loopback when all ranks share a node), and has every rank `join` there at
-   once; joining builds the role's sharded models (`build`, each role's own).
+   once; joining builds the worker with `distributed=True` (its models sharded over the group).
 
-Each role forms its own torch.distributed group (gloo on CPU, nccl on GPU): a critic's ranks never
-meet the policy's.
+A process with no group (a rollout replica of the split plan) is built by `start` instead. Each
+role forms its own torch.distributed group (gloo on CPU, nccl on GPU): a critic's ranks never meet
+the policy's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -22,22 +28,37 @@ import transformers
 from ray.util.placement_group import PlacementGroup
 
 from stratarl.cluster.placement import ResourcePool
-from stratarl.cluster.ranks import RayRanks
 from stratarl.cluster.ray_cluster import actor_options
-from stratarl.engine.data_parallel import DataParallel
+from stratarl.cluster.ray_ranks import RayRanks
 from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
-from stratarl.observe.stack_dumps import arm_stack_dumps
+
+WorkerBuild = Callable[..., Any]  # build() or build(distributed=True) -> the role's worker
 
 
 class RankProcess:
-    """Mixin of a role's rank actor: this process's threads, the rendezvous, the group."""
+    """Rank `rank` of `world_size` of a role, holding the worker `build` makes (None until built)."""
 
-    def set_up(self, *, rank: int, world_size: int, threads: int, backend: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        threads: int,
+        build: WorkerBuild,
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ):
         transformers.logging.disable_progress_bar()  # no per-process load bars in the driver log
         torch.set_num_threads(threads)  # this process's CPU share: never more threads than cores
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.build = rank, world_size, build
         self.backend, self.timeout_s = backend, timeout_s
+        self.worker: Any = None
 
+    def run(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`method(worker, *args, **kwargs)`: every call a worker group makes to this rank."""
+        return method(self.worker, *args, **kwargs)
+
+    # --- start-up ----------------------------------------------------------------------------------
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
@@ -48,7 +69,7 @@ class RankProcess:
         return host, free_port(host)
 
     def join(self, address: str, port: int) -> None:
-        """Join the role's process group, then build the role's models sharded over it."""
+        """Join the role's process group, then build the worker, its models sharded over the group."""
         join_process_group(
             address=address,
             port=port,
@@ -57,44 +78,58 @@ class RankProcess:
             backend=self.backend,
             timeout_s=self.timeout_s,
         )
-        self.build(DataParallel.over_world())
+        self.worker = self.build(distributed=True)
 
-    def build(self, dp: DataParallel) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must build its models in build(dp)")
+    def start(self) -> None:
+        """Build the worker in this process alone (no group): a rollout replica."""
+        self.worker = self.build()
 
     def leave(self) -> None:
         leave_process_group()
 
-    def register_stack_dump(self, folder: str, role: str) -> dict[str, object]:
-        """faulthandler on SIGUSR1 from now on: this rank's stacks into `folder` (`stack_dumps`)."""
-        return arm_stack_dumps(folder, role, self.rank)
+
+def start_processes(
+    pool: ResourcePool,
+    group: PlacementGroup,
+    build: Callable[[int], WorkerBuild],
+    *,
+    threads: int | None,
+    **kwargs: Any,
+) -> list[Any]:
+    """One `RankProcess` actor per bundle of `pool` (process r on bundle r, with `build(r)`, threads
+    from its share unless `threads`); `kwargs` go to every constructor."""
+    process = ray.remote(RankProcess)
+    return [
+        process.options(**actor_options(pool, group, rank)).remote(
+            rank=rank,
+            world_size=pool.world_size,
+            threads=threads or bundle.threads,
+            build=build(rank),
+            **kwargs,
+        )
+        for rank, bundle in enumerate(pool.bundles)
+    ]
 
 
 def start_ranks(
     role: str,
-    rank_class: type,
+    build: WorkerBuild,
     pool: ResourcePool,
     group: PlacementGroup,
     *,
     threads: int | None,
     timeout_s: float,
-    **kwargs: Any,
+    backend: str = "gloo",
 ) -> RayRanks:
-    """One `rank_class` actor per bundle of `pool` (rank r on bundle r, threads from its share unless
-    `threads`), met and joined into the role's group; `kwargs` go to every rank's constructor."""
-    rank_actor = ray.remote(rank_class)
-    actors = [
-        rank_actor.options(**actor_options(pool, group, rank)).remote(
-            rank=rank,
-            world_size=pool.world_size,
-            threads=threads or bundle.threads,
-            timeout_s=timeout_s,
-            **kwargs,
-        )
-        for rank, bundle in enumerate(pool.bundles)
-    ]
+    """The role's ranks, one per bundle of `pool`, met and joined into the role's group, each holding
+    the worker `build(distributed=True)` makes there."""
+    actors = start_processes(
+        pool, group, lambda rank: build, threads=threads, timeout_s=timeout_s, backend=backend
+    )
     ranks = RayRanks(role, actors, timeout_s=timeout_s)
-    nodes = ranks.call_all("init", "node_id")
-    address, port = ranks.call_rank(0, "init", "rendezvous_address", len(set(nodes)) == 1)
-    ranks.call_all("init", "join", address, port)  # rank 0 chose; every rank meets there
+    nodes = ranks.nodes = ranks.call_processes("init", RankProcess.node_id)
+    ((address, port),) = ranks.call_processes(
+        "init", RankProcess.rendezvous_address, len(set(nodes)) == 1, ranks=[0]
+    )
+    ranks.call_processes("init", RankProcess.join, address, port)  # rank 0 chose; every rank meets there
     return ranks

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -35,6 +35,44 @@ class RaySession:
             ray.shutdown()
             if self.temp_dir is not None:
                 shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@dataclass
+class RayDeployment:
+    """What a worker group on Ray was started with, released by `stop` (once, in this order): the
+    actors of its own beside the ranks (rollout replicas, TransferQueue storage units), the pools it
+    reserved, then the cluster connection it made. A group started beside another (a critic beside
+    the policy) reuses that one's pools and connection and releases neither.
+
+    plan, placement_groups: the pools (each reserved as one placement group). timeout_s, threads:
+    the call timeout and torch threads its processes were started with, for groups started beside it.
+    nodes: role -> the Ray node id of each of its processes (rank or replica order).
+    """
+
+    session: RaySession
+    plan: PlacementPlan
+    placement_groups: dict[str, PlacementGroup]
+    timeout_s: float
+    threads: int | None = None
+    actors: list[Any] = field(default_factory=list)
+    storage: Any = None  # RayStorageUnits of the TransferQueue, or None
+    owns_pools: bool = True
+    stopped: bool = False
+    nodes: dict[str, list[str]] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        if self.stopped or not ray.is_initialized():  # a cluster already ended holds nothing left
+            self.stopped = True
+            self.session.shutdown()
+            return
+        self.stopped = True
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        if self.storage is not None:
+            self.storage.shutdown()
+        if self.owns_pools:
+            release_pools(self.placement_groups)
+        self.session.shutdown()
 
 
 def start_or_join(

@@ -8,21 +8,21 @@ uses all of the bundle's threads, because the phases of a step run one after the
 critic update, then the actor's). Both halves are reserved with the plan before any process
 starts, so an impossible critic placement fails there, naming the config keys (`validate_plan`).
 
-Start-up: `beside(policy, spec)` uses the pools and the TransferQueue the policy group reserved;
-without a policy group (tests, a critic alone) the group connects and reserves its own pool.
-Then one `CriticRank` per bundle, rank 0 chooses where the critic's own process group meets, and
-every rank joins it and builds its FSDP2-sharded value model.
+Start-up: `start_critic_beside(policy, spec)` uses the pools and the TransferQueue the policy group
+reserved; without a policy group (tests, a critic alone) `start_critic_group` connects and
+reserves its own pool. Then one `RankProcess` per bundle, rank 0 chooses where the critic's own
+process group meets, and every rank joins it and builds its `CriticWorker` (the in-process
+constructor), the value model FSDP2-sharded over that group.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import partial
 
-import ray
 from ray.util.placement_group import PlacementGroup
 
 from stratarl.cluster.critic_group import CriticWorkerGroup
-from stratarl.cluster.critic_rank import CriticRank, CriticSpec
+from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.placement import (
     PlacementError,
     PlacementPlan,
@@ -32,93 +32,91 @@ from stratarl.cluster.placement import (
 )
 from stratarl.cluster.queue_rows import QueueRows
 from stratarl.cluster.rank_process import start_ranks
-from stratarl.cluster.ranks import RayRanks
 from stratarl.cluster.ray_cluster import (
+    RayDeployment,
     RaySession,
     cluster_capacity,
-    release_pools,
     reserve_pools,
     start_or_join,
 )
+from stratarl.cluster.specs import CriticSpec
+from stratarl.cluster.worker_group import PolicyWorkerGroup
 
-if TYPE_CHECKING:
-    from stratarl.cluster.ray_policy_group import RayPolicyGroup
+
+def start_critic_group(
+    spec: CriticSpec,
+    plan: PlacementPlan,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    call_timeout_s: float = 600.0,
+    threads_per_worker: int | None = None,
+    backend: str = "gloo",
+    linear_coeff: float = 0.0,
+) -> CriticWorkerGroup:
+    """The critic's ranks on the critic's pool of `plan`, reserved here (a critic without a policy
+    group: tests); the cluster is joined or started like the policy's."""
+    check_critic_placement(plan)
+    session = start_or_join(address, num_cpus=num_cpus)
+    pool = plan.pool_of("critic")
+    own = PlacementPlan(plan.name, (pool,), {"critic": pool.name})
+    try:
+        cpus, gpus = cluster_capacity()
+        validate_plan(own, roles=["critic"], cluster_cpus=cpus, cluster_gpus=gpus)
+        pools = reserve_pools(own, timeout_s=call_timeout_s)
+    except BaseException:
+        session.shutdown()
+        raise
+    deployment = RayDeployment(session, own, pools, call_timeout_s, threads_per_worker)
+    return _start(spec, deployment, None, backend=backend, linear_coeff=linear_coeff)
 
 
-class RayCriticGroup(CriticWorkerGroup):
-    """`CriticWorkerGroup` whose ranks are `CriticRank` Ray actors on the critic's pool of `plan`.
+def start_critic_beside(
+    policy: PolicyWorkerGroup, spec: CriticSpec, *, backend: str = "gloo"
+) -> CriticWorkerGroup:
+    """The critic's ranks on the pools the policy group reserved (the other half of each training
+    bundle), reading the rows of the policy's TransferQueue, with its timeout and threads."""
+    placed: RayDeployment | None = policy.deployment  # type: ignore[assignment]
+    if not isinstance(placed, RayDeployment):
+        raise TypeError("the critic's Ray ranks go beside a policy group started on Ray (start_policy_group)")
+    check_critic_placement(placed.plan)
+    beside = RayDeployment(
+        RaySession(started=False),
+        placed.plan,
+        placed.placement_groups,
+        placed.timeout_s,
+        placed.threads,
+        owns_pools=False,
+    )
+    return _start(spec, beside, policy.rows, backend=backend, linear_coeff=policy.linear_coeff)
 
-    placement_groups: the plan's reserved pools (the policy group's); None reserves the critic's
-    pool here (and frees it at shutdown). queue_rows: the policy's TransferQueue rows, or None.
-    address, num_cpus: the Ray cluster to join or start when none is connected. call_timeout_s,
-    threads_per_worker, backend: as for `RayPolicyGroup`.
-    """
 
-    def __init__(
-        self,
-        spec: CriticSpec,
-        plan: PlacementPlan,
-        *,
-        placement_groups: dict[str, PlacementGroup] | None = None,
-        queue_rows: QueueRows | None = None,
-        address: str | None = None,
-        num_cpus: int | None = None,
-        call_timeout_s: float = 600.0,
-        threads_per_worker: int | None = None,
-        backend: str = "gloo",
-        linear_coeff: float = 0.0,
-    ):
-        check_critic_placement(plan)
-        self.session: RaySession = start_or_join(address, num_cpus=num_cpus)
-        self.pool = plan.pool_of("critic")
-        self.reserved: dict[str, PlacementGroup] = {}
-        if placement_groups is None:
-            own = PlacementPlan(plan.name, (self.pool,), {"critic": self.pool.name})
-            cpus, gpus = cluster_capacity()
-            validate_plan(own, roles=["critic"], cluster_cpus=cpus, cluster_gpus=gpus)
-            placement_groups = self.reserved = reserve_pools(own, timeout_s=call_timeout_s)
-        self.spec, self.timeout_s, self.threads = spec, call_timeout_s, threads_per_worker
-        try:
-            ranks = self._start_ranks(placement_groups[self.pool.name], backend=backend)
-        except Exception:
-            release_pools(self.reserved)
-            raise
-        super().__init__(ranks, linear_coeff=linear_coeff, queue_rows=queue_rows)
-
-    @classmethod
-    def beside(cls, policy: RayPolicyGroup, spec: CriticSpec, *, backend: str = "gloo") -> RayCriticGroup:
-        """The critic's ranks on the pools the policy group reserved (the other half of each training
-        bundle), reading the rows of the policy's TransferQueue, with its timeout and threads."""
-        return cls(
-            spec,
-            policy.plan,
-            placement_groups=policy.placement_groups,
-            queue_rows=policy.rows,
-            call_timeout_s=policy.timeout_s,
-            threads_per_worker=policy.threads,
-            backend=backend,
-        )
-
-    def _start_ranks(self, group: PlacementGroup, *, backend: str) -> RayRanks:
+def _start(
+    spec: CriticSpec,
+    deployment: RayDeployment,
+    queue_rows: QueueRows | None,
+    *,
+    backend: str,
+    linear_coeff: float,
+) -> CriticWorkerGroup:
+    pool = deployment.plan.pool_of("critic")
+    group: PlacementGroup = deployment.placement_groups[pool.name]
+    try:
         # threads: the whole bundle's, since the critic's and the policy's processes take turns
-        return start_ranks(
+        ranks = start_ranks(
             "critic",
-            CriticRank,
-            self.pool,
+            partial(CriticWorker, spec),
+            pool,
             group,
-            threads=self.threads,
-            timeout_s=self.timeout_s,
-            spec=self.spec,
+            threads=deployment.threads,
+            timeout_s=deployment.timeout_s,
             backend=backend,
         )
-
-    def shutdown(self) -> None:
-        """Stop the critic's ranks, free a pool this group reserved, end a cluster it started. After
-        the policy group's shutdown (which ends Ray), there is nothing left to stop."""
-        if ray.is_initialized():
-            super().shutdown()
-            release_pools(self.reserved)
-        self.session.shutdown()
+    except BaseException:
+        deployment.stop()
+        raise
+    deployment.nodes["critic"] = ranks.nodes
+    return CriticWorkerGroup(ranks, linear_coeff=linear_coeff, queue_rows=queue_rows, deployment=deployment)
 
 
 def check_critic_placement(plan: PlacementPlan) -> None:

@@ -1,43 +1,57 @@
-"""Layer 3, orchestration: the policy worker group on Ray — start-up in the order that keeps failures early.
+"""Layer 3, orchestration: the policy's worker group on Ray — start-up in the order that keeps failures early.
 
 1. connect: join `address`, or start a private local cluster;
 2. validate the plan against the cluster's CPUs/GPUs and the batch sizes (no process started yet);
 3. reserve one placement group per pool;
-4. start the training ranks (one `PolicyRank` actor per bundle, threads from its CPU share), let
-   rank 0 choose where the group meets, and have every rank join it and build its models;
-5. in the split plan, start the rollout replicas on their own pool;
+4. start the training ranks (one `RankProcess` per bundle, threads from its CPU share), let rank 0
+   choose where the group meets, and have every rank join it and build its `PolicyWorker` — the
+   in-process backend's own constructor, with its models sharded over the group;
+5. in the split plan, start the rollout replicas on their own pool (`RolloutReplica`, the same
+   rollout factory);
 6. start the TransferQueue's storage units: from then on each phase's rows go from the engines
    and ranks that produce them to the ranks that read them, and the controller passes references.
-Then it is a `PolicyWorkerGroup`: the trainer calls the same methods as on one `PolicyWorker`.
+The result is a `PolicyWorkerGroup`, the handle the in-process backend returns too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import ray
+from functools import partial
 
 from stratarl.cluster.placement import PlacementPlan, validate_plan
-from stratarl.cluster.policy_rank import PolicyRank, PolicySpec
+from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.queue_rows import QueueRows
-from stratarl.cluster.rank_process import start_ranks
-from stratarl.cluster.ranks import RayRanks
+from stratarl.cluster.rank_process import RankProcess, start_processes, start_ranks
 from stratarl.cluster.ray_cluster import (
-    RaySession,
-    actor_options,
+    RayDeployment,
     cluster_capacity,
-    release_pools,
     reserve_pools,
     start_or_join,
 )
-from stratarl.cluster.rollout_replica import RemoteReplica, RolloutReplica, RolloutReplicas
+from stratarl.cluster.ray_ranks import RayRanks
+from stratarl.cluster.rollout_replica import RemoteReplica, RolloutReplica
+from stratarl.cluster.rollout_set import RolloutReplicas
+from stratarl.cluster.specs import PolicySpec
 from stratarl.cluster.transfer_queue_ray import ray_transfer_queue
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES
 
 
-class RayPolicyGroup(PolicyWorkerGroup):
-    """`PolicyWorkerGroup` whose ranks (and, in a split plan, rollout replicas) are Ray actors.
+def start_policy_group(
+    spec: PolicySpec,
+    plan: PlacementPlan,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    call_timeout_s: float = 600.0,
+    threads_per_worker: int | None = None,
+    rows_per_rank_split: Mapping[tuple[str, ...], int] | None = None,
+    backend: str = "gloo",
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    linear_coeff: float = 0.0,
+    queue_units: int = 2,
+) -> PolicyWorkerGroup:
+    """A `PolicyWorkerGroup` whose ranks (and, in a split plan, rollout replicas) are Ray actors.
 
     plan: pools and roles (`placement.make_plan`). address: a Ray cluster to join (None: start a
     local one with `num_cpus`). call_timeout_s: the longest any remote call may take before the
@@ -47,97 +61,72 @@ class RayPolicyGroup(PolicyWorkerGroup):
     queue_units: storage units of the TransferQueue the phases' rows pass through (0: none, the
     batches travel through the controller).
     """
-
-    def __init__(
-        self,
-        spec: PolicySpec,
-        plan: PlacementPlan,
-        *,
-        address: str | None = None,
-        num_cpus: int | None = None,
-        call_timeout_s: float = 600.0,
-        threads_per_worker: int | None = None,
-        rows_per_rank_split: Mapping[tuple[str, ...], int] | None = None,
-        backend: str = "gloo",
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        linear_coeff: float = 0.0,
-        queue_units: int = 2,
-    ):
-        self.session: RaySession = start_or_join(address, num_cpus=num_cpus)
+    session = start_or_join(address, num_cpus=num_cpus)
+    try:
         cpus, gpus = cluster_capacity()
-        roles = ["actor", "rollout"] + (["reference"] if spec.with_reference else [])
+        roles = ["actor", "rollout"] + (["reference"] if spec.reference is not None else [])
         validate_plan(
             plan, roles=roles, cluster_cpus=cpus, cluster_gpus=gpus, rows_per_rank_split=rows_per_rank_split
         )
-        self.plan, self.spec, self.timeout_s, self.threads = plan, spec, call_timeout_s, threads_per_worker
-        self.placement_groups = reserve_pools(plan, timeout_s=call_timeout_s)
+        pools = reserve_pools(plan, timeout_s=call_timeout_s)
+    except BaseException:
+        session.shutdown()
+        raise
+    deployment = RayDeployment(session, plan, pools, call_timeout_s, threads_per_worker)
+    ranks = None
+    try:
         colocated = plan.is_colocated("actor", "rollout")
-        ranks = self._start_ranks(with_rollout=colocated, backend=backend)
-        if colocated:
-            engines = [  # their generate calls are the ranks' calls too (hang reports)
-                RemoteReplica(
-                    actor,
-                    r,
-                    timeout_s=call_timeout_s,
-                    calls=ranks.last_calls,
-                    on_failure=ranks.record_failure,
-                )
-                for r, actor in enumerate(ranks.actors)
-            ]
-        else:
-            engines = self._start_replicas()
-        rollout = RolloutReplicas(engines, pad_token_id=spec.pad_token_id)
-        self.initial_version = rollout.weight_version  # waits until every engine has its model
-        # Storage units hold memory, not compute (0 CPUs): the phases' rows live there.
-        queue = ray_transfer_queue(queue_units) if queue_units > 0 else None
-        super().__init__(
-            ranks,
-            rollout,
-            separate_rollout=not colocated,
-            bucket_bytes=bucket_bytes,
-            linear_coeff=linear_coeff,
-            queue_rows=QueueRows(queue, linear_coeff=linear_coeff) if queue is not None else None,
-        )
-
-    def _start_ranks(self, *, with_rollout: bool, backend: str) -> RayRanks:
-        pool = self.plan.pool_of("actor")
-        group = self.placement_groups[pool.name]
-        return start_ranks(
+        pool = plan.pool_of("actor")
+        ranks = start_ranks(
             "actor",
-            PolicyRank,
+            partial(PolicyWorker, spec, with_rollout=colocated),
             pool,
-            group,
-            threads=self.threads,
-            timeout_s=self.timeout_s,
-            spec=self.spec,
-            with_rollout=with_rollout,
+            pools[pool.name],
+            threads=threads_per_worker,
+            timeout_s=call_timeout_s,
             backend=backend,
         )
-
-    def _start_replicas(self) -> list[RemoteReplica]:
-        pool = self.plan.pool_of("rollout")
-        group = self.placement_groups[pool.name]
-        replica_actor = ray.remote(RolloutReplica)
-        spec = self.spec
-        actors = [
-            replica_actor.options(**actor_options(pool, group, index)).remote(
-                replica_id=index,
-                threads=self.threads or bundle.threads,
-                model_path=spec.model_path,
-                eos_token_ids=spec.eos_token_ids,
-                pad_token_id=spec.pad_token_id,
-                dtype=spec.rollout_dtype,
-                seed=spec.rollout_seed,
-                max_num_seqs=spec.max_num_seqs,
-            )
-            for index, bundle in enumerate(pool.bundles)
+        deployment.nodes["actor"] = ranks.nodes
+        replicas = ranks.actors if colocated else start_replicas(spec, deployment)
+        # Colocated, the ranks' generate calls are the ranks' calls too (one record, one hang report).
+        shared = {"calls": ranks.last_calls, "on_failure": ranks.record_failure} if colocated else {}
+        engines = [
+            RemoteReplica(actor, r, timeout_s=call_timeout_s, **shared) for r, actor in enumerate(replicas)
         ]
-        return [RemoteReplica(actor, index, timeout_s=self.timeout_s) for index, actor in enumerate(actors)]
+        deployment.nodes.setdefault("rollout", ranks.nodes)  # colocated: the ranks serve it
+        rollout = RolloutReplicas(engines, pad_token_id=spec.pad_token_id)
+        rollout.weight_version  # noqa: B018  waits until every engine has its model
+        # Storage units hold memory, not compute (0 CPUs): the phases' rows live there.
+        queue = ray_transfer_queue(queue_units) if queue_units > 0 else None
+        deployment.storage = queue.units if queue is not None else None
+    except BaseException:
+        if ranks is not None:
+            ranks.stop()
+        deployment.stop()
+        raise
+    return PolicyWorkerGroup(
+        ranks,
+        rollout,
+        separate_rollout=not colocated,
+        bucket_bytes=bucket_bytes,
+        linear_coeff=linear_coeff,
+        queue_rows=QueueRows(queue, linear_coeff=linear_coeff) if queue is not None else None,
+        deployment=deployment,
+    )
 
-    def shutdown(self) -> None:
-        """Stop every actor, free the placement groups, end the local cluster if this run started it."""
-        super().shutdown()
-        if self.rows is not None:
-            self.rows.queue.units.shutdown()
-        release_pools(self.placement_groups)
-        self.session.shutdown()
+
+def start_replicas(spec: PolicySpec, deployment: RayDeployment) -> list:
+    """One `RolloutReplica` process per bundle of the rollout pool, each its engine built and ready."""
+    pool = deployment.plan.pool_of("rollout")
+    actors = start_processes(
+        pool,
+        deployment.placement_groups[pool.name],
+        lambda index: partial(RolloutReplica, spec, replica_id=index),
+        threads=deployment.threads,
+        timeout_s=deployment.timeout_s,
+    )
+    deployment.actors += actors
+    replicas = RayRanks("rollout", actors, timeout_s=deployment.timeout_s)
+    replicas.call_processes("init", RankProcess.start)
+    deployment.nodes["rollout"] = replicas.call_processes("init", RankProcess.node_id)
+    return actors

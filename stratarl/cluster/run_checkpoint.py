@@ -8,39 +8,40 @@ any checkpoint (`stage_checkpoint`); the policy's save then moves it in before t
 crash between the two parts leaves no global_step_N, so a resume takes the previous checkpoint.
 The layout is the same for an in-process and a Ray critic (`critic/{model,optimizer,extra}.pt`).
 A load restores the policy from the newest complete step (verified against its manifest, which
-covers the critic's files too), then the critic from that same step. The trainer decides when to
-save and which checkpoint to resume (`trainer/checkpointing.py`); this handle knows where the roles live.
+covers the critic's files too), then the critic from that same step. Each checkpoint's trainer
+state records the run (`lineage`) that wrote it, and retention removes only that run's older
+checkpoints. The trainer decides when to save and which checkpoint to resume
+(`trainer/checkpointing.py`); this handle knows where the roles live.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from stratarl.cluster.critic_worker import CHECKPOINT_ROLE, CriticWorker
-from stratarl.cluster.policy_worker import PolicyWorker
+import torch
+
+from stratarl.cluster.critic_worker import CHECKPOINT_ROLE
+from stratarl.cluster.handles import CriticHandle, PolicyHandle
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
-
-if TYPE_CHECKING:  # imports ray
-    from stratarl.cluster.critic_group import CriticWorkerGroup
-    from stratarl.cluster.worker_group import PolicyWorkerGroup
 
 
 class RunCheckpoint:
-    """Save and load the trained roles of `policy` (a `PolicyWorker` or a worker group over its
-    ranks) and `critic` (a `CriticWorker` or a worker group over its ranks) under `root`/global_step_N."""
+    """Save and load the trained roles of `policy` and `critic` (their worker groups, in-process or
+    over Ray ranks) under `root`/global_step_N."""
 
     def __init__(
         self,
         root: str | Path,
         *,
-        policy: PolicyWorker | PolicyWorkerGroup,
-        critic: CriticWorker | CriticWorkerGroup | None = None,
+        policy: PolicyHandle,
+        critic: CriticHandle | None = None,
         max_to_keep: int | None = None,
+        lineage: str | None = None,
     ):
-        self.manager = CheckpointManager(root, max_to_keep=max_to_keep)  # listing only; the policy writes
+        self.manager = CheckpointManager(root)  # listing and retention; the policy's ranks write
         self.policy, self.critic = policy, critic
-        self.max_to_keep = max_to_keep
+        self.max_to_keep, self.lineage = max_to_keep, lineage
 
     @property
     def root(self) -> Path:
@@ -55,14 +56,23 @@ class RunCheckpoint:
         if self.critic is not None:
             self.critic.stage_checkpoint(self.root, step)  # not a checkpoint until the policy's save
             staged.append(CHECKPOINT_ROLE)
-        return self.policy.save_checkpoint(
+        path = self.policy.save_checkpoint(
             self.root,
             step,
             staged_roles=staged,
             tokenizer=tokenizer,
-            trainer_state=trainer_state,
-            max_to_keep=self.max_to_keep,
+            trainer_state=trainer_state | {"lineage": self.lineage},
         )
+        if self.max_to_keep is not None:
+            self.manager.prune(self.max_to_keep, newest=step, belongs=self._of_this_run)
+        return path
+
+    def _of_this_run(self, directory: Path) -> bool:
+        """Whether checkpoint `directory` was written by this run (its trainer state's lineage)."""
+        state_file = directory / "trainer_state.pt"
+        if self.lineage is None or not state_file.is_file():
+            return False
+        return torch.load(state_file, weights_only=False).get("lineage") == self.lineage
 
     def load(self, *, directory: str | Path | None = None) -> LoadedCheckpoint | None:
         """Restore the newest complete checkpoint under root (or `directory`, a global_step_N dir)

@@ -15,7 +15,8 @@ from typing import Any
 
 import ray
 
-from stratarl.cluster.ranks import ControllerTraffic, wire_bytes
+from stratarl.cluster.ranks import ControllerTraffic
+from stratarl.cluster.ray_ranks import wire_bytes
 from stratarl.transport.storage import StorageUnit
 from stratarl.transport.transfer_queue import TransferQueue
 

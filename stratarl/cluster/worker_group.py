@@ -1,29 +1,31 @@
 """Layer 3, orchestration: the policy's worker group — `PolicyWorker`'s methods over D data-parallel ranks.
 
-The trainer holds one `PolicyWorkerGroup` and calls it as it would call one `PolicyWorker`. Each
-method names its phase and the worker method every rank runs; the group's `path` carries the rows:
-`dispatch.DirectDispatch` splits the batch over the ranks (padded, balanced), calls every rank
-through its backend (`ranks`: in this process, or Ray actors) and gathers the outputs in the
-original row order; `queue_rows.QueueRows` (Ray) does the same with shard references, the rows
-staying in the TransferQueue. One-to-all calls (weight sync, save) send the same arguments to every
-rank, because the ranks gather the sharded weights together. With a separate rollout pool (split
-plan), generation goes to the replicas, and weight sync pushes from training rank 0 to them.
+The trainer holds one `PolicyWorkerGroup` (a `handles.PolicyHandle`) whatever the backend: one
+in-process rank (`in_process`) or D Ray ranks (`ray_policy_group.start_policy_group`). Each method
+names its phase and the `PolicyWorker` function every rank runs; the group's `path` carries the
+rows: `dispatch.DirectDispatch` splits the batch over the ranks (padded, balanced), calls every rank
+through its backend (`ranks`) and gathers the outputs in the original row order; `queue_rows.QueueRows`
+(Ray) does the same with shard references, the rows staying in the TransferQueue. One-to-all calls
+(weight sync, save) send the same arguments to every rank, because the ranks gather the sharded
+weights together. With a separate rollout pool (split plan), generation goes to the replicas, and
+weight sync pushes from training rank 0 to them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from stratarl.cluster.dispatch import DirectDispatch
-from stratarl.cluster.policy_rank import PolicySpec
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.queue_rows import MODEL_INPUTS, QueueRows
-from stratarl.cluster.ranks import InProcessRanks, RayRanks
-from stratarl.cluster.rollout_replica import RolloutReplicas
+from stratarl.cluster.ranks import InProcessRanks, Ranks
+from stratarl.cluster.rollout_set import RolloutReplicas
+from stratarl.cluster.specs import PolicySpec
 from stratarl.engine.actor import LossFn
+from stratarl.engine.checkpoint import LoadedCheckpoint
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.router import RolloutRouter
 from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightLoadReport, WeightSyncError
@@ -33,46 +35,81 @@ from stratarl.transport.data_proto import DataProto
 SCORING_COLUMNS = MODEL_INPUTS
 
 
+class Deployment(Protocol):
+    """What a group's processes were started with (Ray: the cluster connection, the reserved pools,
+    the replica and storage actors), released when the group shuts down; `nodes`: role -> the node
+    of each of its processes."""
+
+    nodes: dict[str, list[str]]
+
+    def stop(self) -> None: ...
+
+
+IN_PROCESS = "this process"  # where an in-process group's roles run (`placement`)
+
+
+def set_threads(threads: int | None) -> None:
+    """cluster.threads_per_worker in one process: the torch threads of this process (None: leave them)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 class PolicyWorkerGroup:
     """The policy's ranks behind `PolicyWorker`'s methods.
 
-    ranks: `InProcessRanks` of `PolicyWorker`s or `RayRanks` of `PolicyRank` actors (rank r = shard r).
+    ranks: the ranks' backend (`InProcessRanks` of `PolicyWorker`s, or `RayRanks` of rank processes
+        each holding one); rank r holds shard r.
     rollout: the engines that generate — the ranks' own (colocated) or a rollout pool's replicas.
     separate_rollout: True when the rollout engines are not on the ranks (split plan): weight sync
         then pushes from training rank 0 to them instead of loading on every rank.
     linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks.
     queue_rows: the TransferQueue the ranks read and write (Ray): each phase then sends every rank a
         `QueueShard` reference instead of its rows, and the bulk columns never reach the controller.
+    deployment: the processes and resources behind the ranks, stopped with the group (None: none).
     """
 
     def __init__(
         self,
-        ranks: InProcessRanks | RayRanks,
+        ranks: Ranks,
         rollout: RolloutReplicas,
         *,
         separate_rollout: bool = False,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         linear_coeff: float = 0.0,
         queue_rows: QueueRows | None = None,
+        deployment: Deployment | None = None,
     ):
         self.ranks, self.engines, self.separate_rollout = ranks, rollout, separate_rollout
         self.bucket_bytes, self.linear_coeff = bucket_bytes, linear_coeff
         self.rows = queue_rows  # None: batches travel through the controller as DataProto
         # How a phase's rows reach the ranks: shard references into the queue, or the rows themselves.
         self.path = queue_rows or DirectDispatch(linear_coeff)
+        self.deployment = deployment
 
     @classmethod
-    def in_process(cls, spec: PolicySpec) -> PolicyWorkerGroup:
-        """The embedded backend: one `PolicyWorker` in this process, generating with its own engine."""
-        worker = PolicyWorker(**spec.worker_kwargs())
-        return cls(
-            InProcessRanks("actor", [worker]),
-            RolloutReplicas([worker.rollout], pad_token_id=spec.pad_token_id),
-        )
+    def in_process(cls, spec: PolicySpec, *, threads: int | None = None) -> PolicyWorkerGroup:
+        """The embedded backend: one `PolicyWorker` in this process, generating with its own engine;
+        `threads` sets this process's torch threads first (cluster.threads_per_worker)."""
+        set_threads(threads)
+        worker = PolicyWorker(spec)
+        engines = RolloutReplicas([worker.rollout], pad_token_id=spec.pad_token_id)
+        return cls(InProcessRanks("actor", [worker]), engines)
 
     @property
     def size(self) -> int:
         return self.ranks.size
+
+    def placement(self) -> dict[str, list[str]]:
+        """Role -> where each of its processes runs: Ray node ids (rank order), or this process."""
+        if self.deployment is None:
+            return {"actor": [IN_PROCESS] * self.size, "rollout": [IN_PROCESS] * len(self.engines.targets)}
+        return dict(self.deployment.nodes)
+
+    def local_worker(self) -> PolicyWorker:
+        """The `PolicyWorker` of a one-rank in-process group, to look inside it (tests, notebooks)."""
+        if not isinstance(self.ranks, InProcessRanks) or self.ranks.size != 1:
+            raise RuntimeError(f"the policy's {self.size} rank(s) are not one worker in this process")
+        return self.ranks.workers[0]
 
     # --- rollout -------------------------------------------------------------------------------
     def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
@@ -94,14 +131,14 @@ class PolicyWorkerGroup:
             version = self.engines.weight_version + 1 if version is None else version
             pushed = self.ranks.call_all(
                 "weight_sync",
-                "push_weights",
+                PolicyWorker.push_weights,
                 self.engines.targets,
                 version=version,
                 bucket_bytes=self.bucket_bytes,
             )
             reports = pushed[0]  # rank 0 sent: one report per replica
         else:
-            reports = self.ranks.call_all("weight_sync", "sync_weights", version)
+            reports = self.ranks.call_all("weight_sync", PolicyWorker.sync_weights, version)
         if len({r.version for r in reports}) != 1:
             raise WeightSyncError(
                 f"rollout engines report versions {[r.version for r in reports]} after a sync"
@@ -118,12 +155,12 @@ class PolicyWorkerGroup:
     ) -> DataProto:
         options = {"with_entropy": with_entropy, "with_sum_pi_squared": with_sum_pi_squared}
         return self.path.score(
-            self.ranks, "actor.log_prob", "compute_log_prob", batch, SCORING_COLUMNS, **options
+            self.ranks, "actor.log_prob", PolicyWorker.compute_log_prob, batch, SCORING_COLUMNS, **options
         )
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         return self.path.score(
-            self.ranks, "reference.log_prob", "compute_ref_log_prob", batch, SCORING_COLUMNS
+            self.ranks, "reference.log_prob", PolicyWorker.compute_ref_log_prob, batch, SCORING_COLUMNS
         )
 
     def update_actor(
@@ -142,7 +179,7 @@ class PolicyWorkerGroup:
         metrics, split = self.path.update(
             self.ranks,
             "actor.update",
-            "update_actor",
+            PolicyWorker.update_actor,
             batch,
             loss_fn,
             mini_batch_size=mini_batch_size,
@@ -153,29 +190,41 @@ class PolicyWorkerGroup:
     def update_row_statistics(self) -> dict[str, torch.Tensor]:
         """The last update's per-row statistics from every rank, as one table keyed by `row_id`: each
         real row was trained on exactly one rank (pad rows are dropped by the engines)."""
-        parts = [part for part in self.ranks.call_all("trace", "update_row_statistics") if part]
+        parts = [part for part in self.ranks.call_all("trace", PolicyWorker.update_row_statistics) if part]
         if not parts:
             return {}
         return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
 
+    # --- one-to-all: every rank joins the gather of its shards, rank 0 writes -------------------
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """The actor as an HF directory (one-to-all: the ranks gather the weights, rank 0 writes)."""
-        return self.ranks.call_all("save", "save_pretrained", out_dir)[0]
+        """The actor as an HF directory (LoRA merged)."""
+        return self.ranks.call_all("save", PolicyWorker.save_pretrained, out_dir)[0]
 
-    def save_checkpoint(self, root: str | Path, step: int, **kwargs: Any) -> Path:
-        """One-to-all: every rank joins the gather of its shards; rank 0 writes (`PolicyWorker`)."""
-        if kwargs.get("extra_roles"):
-            raise NotImplementedError(
-                f"roles {sorted(kwargs['extra_roles'])} live in the controller's process, not on the "
-                "policy's ranks: a worker group checkpoints the policy only"
-            )
-        return self.ranks.call_all("save", "save_checkpoint", root, step, **kwargs)[0]
+    def save_checkpoint(
+        self,
+        root: str | Path,
+        step: int,
+        *,
+        tokenizer: Any = None,
+        trainer_state: dict[str, Any] | None = None,
+        max_to_keep: int | None = None,
+        staged_roles: tuple[str, ...] | list[str] = (),
+    ) -> Path:
+        """root/global_step_{step}, atomically (`PolicyWorker.save_checkpoint`)."""
+        return self.ranks.call_all(
+            "save",
+            PolicyWorker.save_checkpoint,
+            root,
+            step,
+            tokenizer=tokenizer,
+            trainer_state=trainer_state,
+            max_to_keep=max_to_keep,
+            staged_roles=staged_roles,
+        )[0]
 
-    def load_checkpoint(self, root: str | Path, *, step: int | None = None, **kwargs: Any):
-        """One-to-all: every rank restores its shards and RNG state; rank 0's result is returned."""
-        if kwargs.get("extra_roles"):
-            raise NotImplementedError("a worker group restores the policy only (see save_checkpoint)")
-        return self.ranks.call_all("load", "load_checkpoint", root, step=step)[0]
+    def load_checkpoint(self, root: str | Path, *, step: int | None = None) -> LoadedCheckpoint | None:
+        """Every rank restores its shards and RNG state; rank 0's result is returned."""
+        return self.ranks.call_all("load", PolicyWorker.load_checkpoint, root, step=step)[0]
 
     # --- the TransferQueue path ------------------------------------------------------------------
     def materialize(self, batch: DataProto) -> DataProto:
@@ -210,9 +259,10 @@ class PolicyWorkerGroup:
         return lines + (self.engines.dump_stacks(folder, header) if self.separate_rollout else [])
 
     def shutdown(self) -> None:
+        """Stop the ranks, then whatever was started for them (replicas, storage, pools, cluster)."""
         self.ranks.stop()
-        if self.separate_rollout:
-            self.engines.stop()
+        if self.deployment is not None:
+            self.deployment.stop()
 
     def __enter__(self) -> PolicyWorkerGroup:
         return self

@@ -2,12 +2,14 @@
 
 A recipe holds overrides only (nested YAML); `extends: other.yaml` (relative to the recipe) layers it
 on another recipe. Unknown keys (with the nearest valid key, or our name for a verl key) and values
-of the wrong type are all collected and raised together as one `ConfigError`.
+of the wrong type are all collected and raised together as one `ConfigError`. A run's saved
+`config.yaml` holds every setting resolved, with file and directory paths made absolute.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,17 +39,54 @@ def load_config(recipe: str | Path | None = None, overrides: Sequence[str] = ())
     return cfg
 
 
-def to_yaml(cfg: RunConfig) -> str:
-    """Every setting of `cfg` as YAML, interpolations resolved."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
+def to_yaml(cfg: RunConfig, *, absolute_paths: bool = False) -> str:
+    """Every setting of `cfg` as YAML, interpolations resolved (paths made absolute if asked)."""
+    return OmegaConf.to_yaml(OmegaConf.create(resolved_settings(cfg, absolute_paths=absolute_paths)))
+
+
+def resolved_settings(cfg: RunConfig, *, absolute_paths: bool = False) -> dict[str, Any]:
+    """`cfg` as nested plain data, interpolations resolved; with absolute_paths, every setting
+    that names a file or directory (`path_keys`) made absolute against the current directory."""
+    tree = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    if absolute_paths:
+        for key in path_keys():
+            *parents, leaf = key.split(".")
+            node = tree
+            for part in parents:
+                node = node[part]
+            value = node[leaf]
+            node[leaf] = [_absolute(v) for v in value] if isinstance(value, list) else _absolute(value)
+    return tree
+
+
+def path_keys() -> list[str]:
+    """Settings that name files or directories: a leaf named `path` or ending in `_path`, `_files`,
+    `_root` or `_dir` (tests/config/test_loading.py lists them, so a new one is noticed)."""
+    return [
+        key
+        for key in leaf_settings(RunConfig)
+        if key.rpartition(".")[2] == "path" or key.endswith(("_path", "_files", "_root", "_dir"))
+    ]
+
+
+def _absolute(value: str | None) -> str | None:
+    return os.path.abspath(os.path.expanduser(value)) if value else value
 
 
 def save_resolved_config(cfg: RunConfig, run_dir: str | Path) -> Path:
-    """Write the full resolved config to `run_dir/config.yaml` (loadable as a recipe); return its path."""
+    """Write the full resolved config to `run_dir/config.yaml` (loadable as a recipe, paths absolute,
+    so it repeats the run from any directory); return its path. Written beside and renamed over
+    the old file: a crash leaves the old config or the new one. (config imports no other layer, so
+    the few lines of `observe.run_log.replace_atomically` are repeated here.)"""
     path = Path(run_dir) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     header = "# The resolved config of this run; `stratarl train <this file>` repeats it.\n"
-    path.write_text(header + to_yaml(cfg))
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(header + to_yaml(cfg, absolute_paths=True))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
     return path
 
 

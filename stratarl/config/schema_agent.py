@@ -54,7 +54,21 @@ class AgentConfig:
         "a malformed tool call ends the episode, or is answered with the parse error as a tool message",
         choices=("terminate", "feedback"),
     )
-    tool_timeout_s: float = setting(10.0, "seconds one tool call may take; a timeout is a tool error")
+    tool_timeout_s: float = setting(
+        10.0, "seconds one tool call may take; at the deadline the call is an error and a counted failure"
+    )
+    tools_in_process: bool = setting(
+        False,
+        "run tool calls in threads of the trainer's process (deadlines hold for blocking tools, but a tool "
+        "calling os._exit or crashing ends the run); false: agent.tool_workers worker processes",
+    )
+    tool_workers: int = setting(2, "tool worker processes (a call that times out or exits costs its worker)")
+    max_tool_output_bytes: int = setting(
+        4096, "bytes of what one tool call prints (not its result) that are kept; the rest is dropped"
+    )
+    interaction_timeout_s: float = setting(
+        30.0, "seconds one interaction call may take; a timeout ends the episode (interaction_error)"
+    )
     max_parallel_calls: int = setting(
         1, "tool calls run per assistant turn (extra calls are dropped)", verl=f"{MT}.max_parallel_calls"
     )
@@ -68,9 +82,8 @@ class AgentConfig:
         choices=TRUNCATE_SIDES,
     )
     streaming_reward: bool = setting(
-        False, "score each episode as it finishes (a process pool), overlapping generation"
+        False, "score each episode as it finishes (reward.* scorers), overlapping generation"
     )
-    reward_workers: int = setting(2, "scoring processes when streaming_reward is on")
 
 
 def agent_problems(
@@ -84,7 +97,9 @@ def agent_problems(
         (agent.max_parallel_calls < 1, "agent.max_parallel_calls", "must be ≥ 1"),
         (agent.tool_timeout_s <= 0, "agent.tool_timeout_s", "must be > 0"),
         (agent.max_tool_response_chars < 1, "agent.max_tool_response_chars", "must be ≥ 1"),
-        (agent.reward_workers < 1, "agent.reward_workers", "must be ≥ 1"),
+        (agent.tool_workers < 1, "agent.tool_workers", "must be ≥ 1"),
+        (agent.interaction_timeout_s <= 0, "agent.interaction_timeout_s", "must be > 0"),
+        (agent.max_tool_output_bytes < 0, "agent.max_tool_output_bytes", "must be ≥ 0"),
         (
             agent.max_assistant_turns is not None and agent.max_assistant_turns < 1,
             "agent.max_assistant_turns",

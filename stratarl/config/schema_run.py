@@ -44,13 +44,24 @@ class TrainerConfig:
     )
     resume_mode: str = setting(
         "auto",
-        "auto: continue from the newest complete checkpoint in <run_dir>/checkpoints if there is one; "
-        "disable: start fresh; resume_path: continue from trainer.resume_from_path",
+        "auto: continue the run in run_dir from its newest complete checkpoint (an empty run_dir starts "
+        "one); disable: start a run, only in an empty run_dir; resume_path: continue from "
+        "trainer.resume_from_path",
         verl="trainer.resume_mode",
         choices=RESUME_MODES,
     )
     resume_from_path: str = setting(
         "", "a global_step_N checkpoint directory (resume_mode=resume_path)", verl="trainer.resume_from_path"
+    )
+    resume_allow_changes: list[str] = setting(
+        [],
+        "settings a resume may change from the run's saved config.yaml, e.g. [actor.lr, "
+        "trainer.total_steps]; a resume that changes others is refused, listing them",
+    )
+    overwrite: bool = setting(
+        False,
+        "start a new run in a run_dir that holds another one, after moving that one aside to "
+        "<run_dir>.old-<time>",
     )
     max_checkpoints_to_keep: int | None = setting(
         None, "newest complete checkpoints kept; null: all", verl="trainer.max_actor_ckpt_to_keep"
@@ -89,7 +100,8 @@ class ClusterConfig:
     backend: str = setting("in-process", "how workers are hosted", choices=("in-process", "ray"))
     device: str = setting(
         "auto",
-        "device of models: auto picks cuda when available",
+        "where models and batches are placed; auto: cuda when this process sees CUDA (in-process) or "
+        "the training workers reserve GPUs (ray), else cpu; cuda without CUDA is refused",
         verl="trainer.device",
         choices=("auto", "cpu", "cuda"),
     )
@@ -97,7 +109,9 @@ class ClusterConfig:
         None, "CPUs given to Ray; null: all visible", verl="ray_kwargs.ray_init.num_cpus"
     )
     threads_per_worker: int | None = setting(
-        None, "torch intra-op threads per worker process; null: leave torch's default"
+        None,
+        "torch intra-op threads of each worker process (in-process: of this process); null: torch's "
+        "default in-process, the worker's CPU share on Ray",
     )
     address: str | None = setting(
         None,

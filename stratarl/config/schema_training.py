@@ -47,7 +47,8 @@ class RolloutConfig:
 
     backend: str = setting(
         "torch",
-        "inference engine that generates",
+        "inference engine that generates, in every placement: torch, or vllm (needs vLLM installed: "
+        "`make test-vllm` builds .venv-vllm); sglang is not available in this build",
         verl=f"{ARF}.rollout.name",
         choices=("torch", "vllm", "sglang"),
     )
@@ -61,9 +62,70 @@ class RolloutConfig:
         512, "most tokens generated per trajectory (T)", verl="data.max_response_length"
     )
     trajectories_per_generate_batch: int = setting(
-        64, "trajectories decoded together by the torch backend (bounds KV-cache memory); 0: all at once"
+        64,
+        "trajectories decoded together by the rollout engine (bounds KV-cache memory); 0: no bound "
+        "(torch decodes all at once, vLLM keeps its default of 256)",
+    )
+    ignore_eos: bool = setting(
+        False,
+        "EOS does not end a training trajectory (it is kept as an ordinary token): responses run to "
+        "max_response_tokens unless a stop id ends them",
+        verl=f"{ARF}.rollout.ignore_eos",
+    )
+    min_response_tokens: int = setting(
+        0,
+        "no training trajectory ends before this many tokens: EOS and stop ids are not sampled until "
+        "then (= max_response_tokens: every response has exactly that length)",
     )
     val_kwargs: ValidationSamplingConfig = section(ValidationSamplingConfig, "sampling for validation")
+
+
+PARAM_DTYPE_DOC = (
+    "compute dtype of forward and backward (mixed precision: weights, gradients and the optimizer "
+    "stay in model.dtype); null: model.dtype"
+)
+OFFLOAD_DOC = (
+    "keep the sharded parameters, gradients and optimizer step in CPU memory (FSDP2 CPU offload; "
+    "GPU training workers only)"
+)
+RESHARD_DOC = (
+    "free each block's gathered parameters after its forward (ZeRO-3); false keeps them for the "
+    "backward (ZeRO-2: faster, more memory)"
+)
+MIXED_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass
+class ActorFSDPConfig:
+    """How the policy's model (actor and reference) is sharded over its training workers, and its
+    compute precision (stratarl.engine.data_parallel)."""
+
+    param_dtype: str | None = setting(
+        None,
+        PARAM_DTYPE_DOC,
+        verl=f"{ARF}.actor.fsdp_config.mixed_precision.param_dtype",
+        choices=MIXED_DTYPES,
+    )
+    offload_params: bool = setting(False, OFFLOAD_DOC, verl=f"{ARF}.actor.fsdp_config.param_offload")
+    reshard_after_forward: bool = setting(
+        True, RESHARD_DOC, verl=f"{ARF}.actor.fsdp_config.reshard_after_forward"
+    )
+
+
+@dataclass
+class CriticFSDPConfig:
+    """How the critic's value model is sharded over its workers, and its compute precision."""
+
+    param_dtype: str | None = setting(
+        None,
+        PARAM_DTYPE_DOC,
+        verl="critic.model.fsdp_config.mixed_precision.param_dtype",
+        choices=MIXED_DTYPES,
+    )
+    offload_params: bool = setting(False, OFFLOAD_DOC, verl="critic.model.fsdp_config.param_offload")
+    reshard_after_forward: bool = setting(
+        True, RESHARD_DOC, verl="critic.model.fsdp_config.reshard_after_forward"
+    )
 
 
 @dataclass
@@ -192,6 +254,7 @@ class ActorConfig:
         LOGIT_CHUNK_SIZE, "rows of logits made at a time for log-probs and entropy; null: all at once"
     )
     lora: LoraSettingsConfig = section(LoraSettingsConfig, "LoRA adapters (rank 0: off)")
+    fsdp: ActorFSDPConfig = section(ActorFSDPConfig, "sharding and mixed precision of actor and reference")
 
 
 @dataclass
@@ -263,3 +326,4 @@ class CriticConfig:
     warmup_training_steps: int = setting(
         0, "training steps that update only the critic before the actor starts", verl="trainer.critic_warmup"
     )
+    fsdp: CriticFSDPConfig = section(CriticFSDPConfig, "sharding and mixed precision of the value model")

@@ -15,7 +15,10 @@ from typing import Any
 
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
+from stratarl.config.model_dirs import model_dir_problems, tokenizer_dir_problems
+from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems
+from stratarl.config.schema_data import reward_problems
 from stratarl.config.schema_observe import observe_problems
 from stratarl.config.schema_run import RunConfig
 from stratarl.config.setting import get_by_key, leaf_settings, type_name, value_matches_type
@@ -36,6 +39,7 @@ RANGES: dict[str, Rule] = {
     "rollout.top_p": PROBABILITY_MASS,
     "rollout.top_k": ALL_OR_POSITIVE,
     "rollout.trajectories_per_generate_batch": NON_NEGATIVE,
+    "rollout.min_response_tokens": NON_NEGATIVE,
     "rollout.val_kwargs.n": POSITIVE,
     "rollout.val_kwargs.temperature": NON_NEGATIVE,
     "rollout.val_kwargs.top_p": PROBABILITY_MASS,
@@ -101,8 +105,12 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *_range_problems(cfg),
         *_combination_problems(cfg),
         *_engine_problems(cfg),
+        *runtime_problems(cfg),
         *agent_problems(cfg.agent, adv_estimator=cfg.algorithm.adv_estimator, check_paths=check_paths),
         *observe_problems(cfg.trace, cfg.watchdog),
+        *reward_problems(
+            cfg.reward, max_response_tokens=cfg.rollout.max_response_tokens, backend=cfg.cluster.backend
+        ),
         *(_path_problems(cfg) if check_paths else []),
     ]
     if problems:
@@ -308,16 +316,30 @@ def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
         ]
     if not cfg.model.path:
         problems.append(ConfigProblem(("model.path",), "no model: give an HF model directory"))
-    directories = {
+    models = {
         "model.path": True,
-        "model.tokenizer_path": True,
         "reference.model_path": cfg.uses_reference,
         "critic.model_path": cfg.uses_critic,
+        "reward.model.path": cfg.reward.model.enable,
     }
-    for key, needed in directories.items():
+    for key, needed in models.items():
         path = get_by_key(cfg, key)
-        if needed and path and not Path(path).is_dir():
-            problems.append(ConfigProblem((key,), f"directory not found: {path}"))
+        if needed and path:
+            problems += model_dir_problems(key, path)
+    rm = cfg.reward.model
+    tokenizers = [  # (key, its value, the model directory read when it is empty)
+        ("model.tokenizer_path", cfg.model.tokenizer_path, ("model.path", cfg.model.path)),
+        (
+            "reward.model.tokenizer_path",
+            rm.tokenizer_path if rm.enable else "",
+            ("reward.model.path", rm.path if rm.enable else ""),
+        ),
+    ]
+    for key, path, (model_key, model_path) in tokenizers:
+        if path:
+            problems += tokenizer_dir_problems(key, path)
+        elif model_path and Path(model_path).is_dir():  # not found is reported for the model already
+            problems += tokenizer_dir_problems(model_key, model_path, because=f"{key} is empty")
     scorer = cfg.reward.custom_function_path
     if scorer and not Path(scorer).is_file():
         problems.append(ConfigProblem(("reward.custom_function_path",), f"file not found: {scorer}"))
@@ -351,6 +373,11 @@ def config_warnings(cfg: RunConfig) -> list[str]:
     if validates and not cfg.data.val_files:
         warnings.append(
             "trainer.test_freq / trainer.val_before_train ask for validation, but data.val_files is empty"
+        )
+    if cfg.reward.in_process:
+        warnings.append(
+            "reward.in_process=true: scorers run in the trainer's process without a deadline; one that "
+            "hangs, exits or crashes stops the run"
         )
     forced = POLICY_LOSSES[cfg.actor.policy_loss.name].forced_aggregation
     if forced and forced != cfg.actor.loss_agg_mode:

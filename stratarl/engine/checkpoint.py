@@ -11,10 +11,14 @@ Layout (verl's names where it has them):
     root/global_step_{N}/trainer_state.pt        what the caller passes (dataloader position, ...)
     root/global_step_{N}/manifest.json           size and sha256 of every file above, written last
 
-A save writes into `.tmp-global_step_{N}`, writes the manifest, renames the directory into place and
-only then rewrites the `latest` pointer (itself through a temporary file and `os.replace`), so a
-crash leaves either the old or the new checkpoint, never half of one. A load checks the manifest
-and falls back to the newest complete checkpoint, saying why it skipped the others.
+A save writes into `.tmp-global_step_{N}` (every file fsynced), writes the manifest, renames the
+directory into place and only then rewrites the `latest` pointer (itself through a temporary file
+and `os.replace`), so a crash leaves either the old or the new checkpoint, never half of one. A
+write that fails (disk full, permissions, ...) removes the partial save and raises
+`CheckpointWriteError` naming the file and the errno, on every rank; the previous checkpoint stays
+loadable. A load checks the manifest and falls back to the newest complete checkpoint, saying why
+it skipped the others. Retention (`prune`) removes only checkpoints older than the newest, and only
+those the caller says belong to its run.
 
 A role trained in other processes than the ones that save (a critic on Ray ranks of its own) is
 written first by its own ranks into `.staged-global_step_{N}/<role>/` (`stage_role`); the save
@@ -29,6 +33,7 @@ any number of ranks, at the cost of rank 0 holding the full state while saving.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -36,8 +41,9 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +74,50 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, no permission, ...). The message names the file,
+    the errno and what is left to resume from; `errno` is the operating system's."""
+
+
+def _save_durably(obj: Any, path: Path) -> None:
+    """torch.save through a Python file, fsynced: a failed write raises OSError with its errno
+    (torch.save to a path reports a disk-full disk as `basic_ios::clear: iostream error`)."""
+    with path.open("wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class _Writes:
+    """The rank-local writes of one save. The first OSError is kept with the file it hit and later
+    writes are skipped, so every rank still reaches each collective and all ranks fail together."""
+
+    def __init__(self) -> None:
+        self.failed: tuple[Path, OSError] | None = None
+
+    def save(self, obj: Any, path: Path) -> None:
+        self.run(lambda: _save_durably(obj, path), path)
+
+    def run(
+        self, write: Callable[[], Any], path: Path, *, after_failure: Callable[[], None] | None = None
+    ) -> None:
+        if self.failed is not None:
+            return
+        try:
+            write()
+        except OSError as err:
+            self.failed = (Path(err.filename) if err.filename else path, err)
+            if after_failure is not None:
+                after_failure()
+
+    def describe(self) -> str | None:
+        if self.failed is None:
+            return None
+        path, err = self.failed
+        code = errno.errorcode.get(err.errno, str(err.errno)) if err.errno else type(err).__name__
+        return f"writing {path} failed: {code} ({err.strerror or err})"
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -92,6 +142,21 @@ def _write_durably(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_directory(path.parent)
+
+
+def _make_directories(root: Path, names: Sequence[str]) -> None:
+    for name in names:
+        (root / name).mkdir(parents=True)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make renames inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def checkpoint_problem(directory: Path) -> str | None:
@@ -160,11 +225,13 @@ class CheckpointManager:
         staged=[name])` adopts it; staging again replaces what an interrupted attempt left."""
         main = self.dp.rank == 0
         out = self.staged_dir(step) / name
+        writes = _Writes()
         if main:
             for stale in self.root.glob(STAGED.format(step="*") + f"/{name}"):
                 shutil.rmtree(stale)
-            out.mkdir(parents=True)
-        _write_role(role, out, main)
+            writes.run(lambda: out.mkdir(parents=True), out)
+        _write_role(role, out, main, writes)
+        self._raise_if_failed(writes, step, out)
         return out
 
     def save(
@@ -186,32 +253,67 @@ class CheckpointManager:
             problem = self.dp.broadcast_object(self._staged_problem(step, roles, staged) if main else None)
             if problem is not None:
                 raise ValueError(problem)
+        writes = _Writes()
         if main:
-            for stale in self.root.glob(".tmp-global_step_*"):
-                shutil.rmtree(stale)
-            for stale in self.root.glob(STAGED.format(step="*")):
-                if stale != self.staged_dir(step):  # left by a save that never finished
-                    shutil.rmtree(stale)
-            for sub in ["rng", *roles]:
-                (tmp / sub).mkdir(parents=True)
+            self._remove_leftovers(step)
+            writes.run(lambda: _make_directories(tmp, ["rng", *roles]), tmp)
         self.dp.barrier()
         for name, role in roles.items():
-            _write_role(role, tmp / name, main)
-        torch.save(rng_state(), tmp / "rng" / f"rank_{self.dp.rank}.pt")
-        if hf_policy is not None:
-            hf_policy.save_hf(tmp / "huggingface", tokenizer=tokenizer)
+            _write_role(role, tmp / name, main, writes)
+        writes.save(rng_state(), tmp / "rng" / f"rank_{self.dp.rank}.pt")
+        if hf_policy is not None and not self._any_failed(writes):
+            # save_hf is a collective export, a write on rank 0, then a barrier: a rank 0 whose write
+            # failed meets the other ranks at that barrier itself.
+            export = partial(hf_policy.save_hf, tmp / "huggingface", tokenizer=tokenizer)
+            writes.run(export, tmp / "huggingface", after_failure=self.dp.barrier)
         if main and trainer_state is not None:
-            torch.save(trainer_state, tmp / "trainer_state.pt")
-        self.dp.barrier()
+            writes.save(trainer_state, tmp / "trainer_state.pt")
+        self._raise_if_failed(writes, step, tmp)
         final = self.step_dir(step)
         if main:
             for name in staged:
-                os.replace(self.staged_dir(step) / name, tmp / name)
+                writes.run(partial(os.replace, self.staged_dir(step) / name, tmp / name), tmp / name)
             if self.staged_dir(step).is_dir() and not any(self.staged_dir(step).iterdir()):
                 self.staged_dir(step).rmdir()
-            self._publish(tmp, final, step)
-        self.dp.barrier()
+            writes.run(partial(self._publish, tmp, final, step), final)
+        self._raise_if_failed(writes, step, tmp)
         return final
+
+    def _remove_leftovers(self, step: int) -> None:
+        """What saves that never finished left: their temporary and staging directories."""
+        for stale in self.root.glob(".tmp-global_step_*"):
+            shutil.rmtree(stale)
+        for stale in self.root.glob(STAGED.format(step="*")):
+            if stale != self.staged_dir(step):
+                shutil.rmtree(stale)
+
+    def _any_failed(self, writes: _Writes) -> bool:
+        """Whether a write failed on any rank (a collective)."""
+        return self.dp.reduce([float(writes.failed is not None)], "max")[0] > 0
+
+    def _raise_if_failed(self, writes: _Writes, step: int, partial_dir: Path) -> None:
+        """A collective barrier. When a write failed on any rank, rank 0 removes `partial_dir` and
+        every rank raises CheckpointWriteError naming the file and the errno (rank 0's, else its
+        own) and what a resume will find."""
+        if not self._any_failed(writes):
+            self.dp.barrier()
+            return
+        mine = writes.describe()
+        first = self.dp.broadcast_object(mine if self.dp.rank == 0 else None) or mine
+        if self.dp.rank == 0:
+            shutil.rmtree(partial_dir, ignore_errors=True)
+        latest = self.dp.broadcast_object(self.find_latest()[0] if self.dp.rank == 0 else None)
+        removed = "it was not saved (the partial files were removed)"
+        if latest == step:  # it was published; what failed came after (the pointer, retention)
+            left = "the checkpoint itself is complete"
+        elif latest is not None:
+            left = f"{removed}; {self.step_dir(latest)} is intact and a resume uses it"
+        else:
+            left = f"{removed}; no earlier complete checkpoint exists"
+        code = writes.failed[1].errno if writes.failed and writes.failed[1].errno else errno.EIO
+        raise CheckpointWriteError(
+            code, f"checkpoint {self.step_dir(step)}: {first or 'a write failed on another rank'}; {left}"
+        )
 
     def _staged_problem(self, step: int, roles: dict[str, Any], staged: Sequence[str]) -> str | None:
         clash = sorted(set(staged) & set(roles))
@@ -231,15 +333,29 @@ class CheckpointManager:
             shutil.rmtree(old)
         else:
             os.replace(tmp, final)
+        _fsync_directory(self.root)
         _write_durably(self.root / TRACKER, f"{step}\n")  # the pointer moves last
-        self._prune()
+        if self.max_to_keep is not None:
+            self.prune(self.max_to_keep, newest=step)
 
-    def _prune(self) -> None:
-        if self.max_to_keep is None:
-            return
-        complete = [s for s in self.steps() if checkpoint_problem(self.step_dir(s)) is None]
-        for step in complete[self.max_to_keep :]:
+    def prune(
+        self, max_to_keep: int, *, newest: int, belongs: Callable[[Path], bool] | None = None
+    ) -> list[int]:
+        """Retention after saving checkpoint `newest`: of the complete checkpoints older than it that
+        `belongs` accepts (default: all), remove all but the newest max_to_keep − 1. Checkpoints of
+        another run (`belongs` false), newer ones and incomplete ones are never touched. Returns
+        the steps removed."""
+        ours = [
+            s
+            for s in self.steps()
+            if s < newest
+            and (belongs is None or belongs(self.step_dir(s)))
+            and checkpoint_problem(self.step_dir(s)) is None
+        ]
+        removed = ours[max(max_to_keep - 1, 0) :]
+        for step in removed:
             shutil.rmtree(self.step_dir(step))
+        return removed
 
     # --- load ------------------------------------------------------------------------------------
     def find_latest(self) -> tuple[int | None, list[str]]:
@@ -298,12 +414,12 @@ class CheckpointManager:
         _read_role(role, directory, self.dp.rank == 0)
 
 
-def _write_role(role: Any, directory: Path, main: bool) -> None:
+def _write_role(role: Any, directory: Path, main: bool, writes: _Writes) -> None:
     """The role's full states into directory/{model,optimizer,extra}.pt (a collective; rank 0 writes)."""
     state = role.checkpoint_state()
     if main:
         for part in PARTS:
-            torch.save(state[part], directory / f"{part}.pt")
+            writes.save(state[part], directory / f"{part}.pt")
 
 
 def _read_role(role: Any, directory: Path, main: bool) -> None:

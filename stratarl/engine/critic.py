@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.forward import ValueScorer, ValueScores
-from stratarl.engine.micro_batches import MicroBatching, run_in_micro_batches
+from stratarl.engine.micro_batches import MicroBatching, model_device, run_in_micro_batches
 from stratarl.engine.perf import ModelFlops
 from stratarl.engine.training import (
     OptimizerSettings,
@@ -47,11 +47,15 @@ def value_model_from_causal_lm(lm: nn.Module, *, head_init_std: float | None = N
     return model
 
 
-def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+def load_value_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, *, trust_remote_code: bool = False
+) -> nn.Module:
     """An HF directory (a causal LM or a saved critic) as a one-output token-classification model."""
-    config = AutoConfig.from_pretrained(str(path))
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     config.num_labels, config.classifier_dropout = 1, 0.0  # set on the config: not every model's kwarg
-    return AutoModelForTokenClassification.from_pretrained(str(path), config=config, dtype=dtype)
+    return AutoModelForTokenClassification.from_pretrained(
+        str(path), config=config, dtype=dtype, trust_remote_code=trust_remote_code
+    )
 
 
 class Critic(TrainingEngine):
@@ -105,7 +109,7 @@ class Critic(TrainingEngine):
             optim=optim,
             batching=batching,
             dp=dp,
-            flops=ModelFlops.from_config(config, head_outputs=1),
+            flops=ModelFlops.from_model(value_model, value_model.score, head_outputs=1),
             peak_flops=peak_flops,
         )
 
@@ -125,7 +129,11 @@ class Critic(TrainingEngine):
         was_training = self.module.training
         self.module.eval()
         out = run_in_micro_batches(
-            batch, self.batching, self.dp, lambda inputs: {"values": self.module.score(inputs).values}
+            batch,
+            self.batching,
+            self.dp,
+            lambda inputs: {"values": self.module.score(inputs).values},
+            model_device(self.module),
         )
         self.module.train(was_training)
         return out["values"] * batch["response_mask"].to(torch.float32)

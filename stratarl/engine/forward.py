@@ -2,10 +2,11 @@
 
 `PolicyScorer` wraps a causal LM: log π(y_t | x, y_<t) and the entropy of π at each response token,
 under the sampling temperature τ (logits ÷ τ over the full vocabulary, no top-k/top-p: the same
-definition the rollout engine uses). `ValueScorer` wraps a token-classification model with one
-label: V(s_t) at the same positions. Both are `nn.Module`s whose forward runs the model body on
-`ModelInputs` (packed or padded) and the head only on the K scored positions, so a data-parallel
-wrapper (FSDP2's `fully_shard`) can take the scorer as its root module.
+definition the rollout engine uses), with the model's own logit transform (`logit_transform`).
+`ValueScorer` wraps a token-classification model with one label: V(s_t) at the same positions.
+Both are `nn.Module`s whose forward runs the model body on `ModelInputs` (packed or padded) and the
+head only on the K scored positions, so a data-parallel wrapper (FSDP2's `fully_shard`) can take
+the scorer as its root module.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from stratarl.engine.fused_head import LOGIT_CHUNK_SIZE, head_scores, head_scores_naive, head_sum_pi_squared
+from stratarl.engine.fused_head import (
+    LOGIT_CHUNK_SIZE,
+    LogitTransform,
+    head_scores,
+    head_scores_naive,
+    head_sum_pi_squared,
+)
 from stratarl.engine.packing import ModelInputs
 from stratarl.engine.varlen_attention import use_varlen_attention
 
@@ -49,6 +56,15 @@ def _hidden_states(body: nn.Module, inputs: ModelInputs, autocast_dtype: torch.d
     return hidden.reshape(-1, hidden.shape[-1])[inputs.score_index]
 
 
+def logit_transform(config) -> LogitTransform:
+    """What the model's forward does to its head's output, from the config fields that HF causal LMs
+    read there: `final_logit_softcapping` (Gemma 2/3: c·tanh(l/c)), `logit_scale` (Cohere: ×s) and
+    `logits_scaling` (Granite: ÷s)."""
+    scale = float(getattr(config, "logit_scale", None) or 1.0)
+    scale /= float(getattr(config, "logits_scaling", None) or 1.0)
+    return LogitTransform(scale=scale, softcap=getattr(config, "final_logit_softcapping", None))
+
+
 class PolicyScorer(nn.Module):
     """A causal LM (HF `...ForCausalLM`, or its peft-wrapped base) as a response scorer.
 
@@ -64,6 +80,7 @@ class PolicyScorer(nn.Module):
         self.lm = lm
         self.logit_chunk_size = logit_chunk_size
         self.autocast_dtype = autocast_dtype
+        self.transform = logit_transform(lm.config)
 
     def forward(
         self,
@@ -75,7 +92,7 @@ class PolicyScorer(nn.Module):
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:  # [K] log π, [K] H, [K] Σπ²
         hidden = _hidden_states(self.lm.get_decoder(), inputs, self.autocast_dtype)
         head = self.lm.get_output_embeddings()
-        kwargs = dict(temperature=temperature, with_entropy=with_entropy)
+        kwargs = dict(temperature=temperature, with_entropy=with_entropy, transform=self.transform)
         if self.logit_chunk_size is None:
             log_prob, entropy = head_scores_naive(hidden, head.weight, head.bias, inputs.labels, **kwargs)
         else:
@@ -84,7 +101,12 @@ class PolicyScorer(nn.Module):
             )
         sum_pi_squared = (
             head_sum_pi_squared(
-                hidden, head.weight, head.bias, temperature=temperature, chunk_size=self.logit_chunk_size
+                hidden,
+                head.weight,
+                head.bias,
+                temperature=temperature,
+                chunk_size=self.logit_chunk_size,
+                transform=self.transform,
             )
             if with_sum_pi_squared
             else None

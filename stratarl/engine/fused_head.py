@@ -1,13 +1,17 @@
 """Layer 5, training engine: log-prob and entropy of the output head without materializing [K, V].
 
-For K scored positions with hidden states h [K, d], output weight W [V, d] (and bias b), temperature τ:
+For K scored positions with hidden states h [K, d], output weight W [V, d] (and bias b), temperature τ,
+and the model's own logit transform (`LogitTransform`: a scale s, e.g. Cohere's `logit_scale`, and
+Gemma's final soft-cap c, logits = c·tanh(l/c)):
 
-    z = (h Wᵀ + b) / τ                  logits, fp32, computed `chunk_size` rows at a time
+    r = h Wᵀ + b                        the head's output, fp32, computed `chunk_size` rows at a time
+    z = cap_c(s·r) / τ                  the model's logits divided by τ (cap_c = identity without c)
     log π(y) = z_y − logsumexp(z)       H = logsumexp(z) − Σ_v softmax(z)_v z_v
 
 The forward keeps only h, W and the labels; the backward recomputes each chunk's logits and uses
 
-    ∂log π(y)/∂z = onehot(y) − p        ∂H/∂z = p ⊙ (E_p[z] − z)        ∂z/∂h = W/τ,  ∂z/∂W = hᵀ/τ
+    ∂log π(y)/∂z = onehot(y) − p        ∂H/∂z = p ⊙ (E_p[z] − z)
+    ∂z/∂r = s·(1 − (zτ/c)²)/τ  (s/τ without a cap)        ∂r/∂h = W,  ∂r/∂W = hᵀ
 
 so the extra memory is O(chunk_size·V) instead of O(K·V) for logits, softmax and their gradients
 (verl's `use_fused_kernels`, `linear_cross_entropy`, is the GPU kernel of the same idea). Only the
@@ -20,6 +24,8 @@ baseline estimators weight paths with (`algo/advantages/optimal_token_baseline.p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -28,44 +34,70 @@ from torch.autograd.function import once_differentiable
 from stratarl.algo.entropy import entropy_from_logits, log_prob_from_logits
 
 # Rows of logits per chunk. At V = 32k, fp32, one chunk is 32 MiB; forward + backward of K = 2048
-# tokens then peaks at +242 MiB against +1806 MiB for the plain form (docs/benchmarks_engine.md).
+# tokens then peaks at +242 MiB against +1806 MiB for the plain form (docs/benchmarks.md, "Training engine").
 LOGIT_CHUNK_SIZE = 256
 
 
-def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a model does to its head's output r before returning logits: cap_c(s·r)."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    def apply(self, raw: Tensor) -> Tensor:
+        logits = raw * self.scale if self.scale != 1.0 else raw
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def grad_factor(self, z: Tensor, temperature: float) -> Tensor | float:
+        """∂z/∂r at the logits z = cap_c(s·r)/τ (one number without a cap)."""
+        if self.softcap is None:
+            return self.scale / temperature
+        t = z * (temperature / self.softcap)  # tanh(s·r/c)
+        return (1.0 - t * t) * (self.scale / temperature)
+
+
+IDENTITY = LogitTransform()
+
+
+def _logits(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, transform: LogitTransform
+) -> Tensor:
     """[c, d] -> [c, V] in fp32 (the matmul in the weights' dtype, like the model's own head)."""
-    return F.linear(hidden.to(weight.dtype), weight, bias).float() / temperature
+    return transform.apply(F.linear(hidden.to(weight.dtype), weight, bias).float()) / temperature
 
 
 class _HeadScores(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy, transform):
         num = hidden.shape[0]
         log_prob = hidden.new_empty(num, dtype=torch.float32)
         entropy = hidden.new_empty(num if with_entropy else 0, dtype=torch.float32)
         for lo in range(0, num, chunk_size):
             hi = lo + chunk_size
-            z = _logits(hidden[lo:hi], weight, bias, temperature)  # [c, V]
+            z = _logits(hidden[lo:hi], weight, bias, temperature, transform)  # [c, V]
             lse = torch.logsumexp(z, dim=-1)
             log_prob[lo:hi] = z.gather(-1, labels[lo:hi, None]).squeeze(-1) - lse
             if with_entropy:
                 entropy[lo:hi] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
         ctx.save_for_backward(hidden, weight, bias, labels)
-        ctx.settings = (temperature, chunk_size, with_entropy)
+        ctx.settings = (temperature, chunk_size, with_entropy, transform)
         return log_prob, entropy
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_log_prob, grad_entropy):
         hidden, weight, bias, labels = ctx.saved_tensors
-        temperature, chunk_size, with_entropy = ctx.settings
+        temperature, chunk_size, with_entropy, transform = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
         for lo in range(0, hidden.shape[0], chunk_size):
             hi = lo + chunk_size
-            z = _logits(hidden[lo:hi], weight, bias, temperature)
+            z = _logits(hidden[lo:hi], weight, bias, temperature, transform)
             p = torch.softmax(z, dim=-1)
             g_lp = grad_log_prob[lo:hi, None]  # [c, 1]
             grad_z = -p * g_lp
@@ -73,7 +105,7 @@ class _HeadScores(torch.autograd.Function):
             if with_entropy and grad_entropy is not None:
                 expected_z = (p * z).sum(dim=-1, keepdim=True)  # E_p[z]
                 grad_z += p * (expected_z - z) * grad_entropy[lo:hi, None]
-            grad_z /= temperature  # z = logits / τ
+            grad_z *= transform.grad_factor(z, temperature)  # now ∂/∂r, r = h Wᵀ + b
             if need_h:
                 grad_h[lo:hi] = (grad_z.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_w:
@@ -82,7 +114,7 @@ class _HeadScores(torch.autograd.Function):
                 grad_b += grad_z.sum(dim=0)
         grad_w = grad_w.to(weight.dtype) if need_w else None
         grad_b = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def head_scores(
@@ -94,6 +126,7 @@ def head_scores(
     temperature: float = 1.0,
     chunk_size: int = LOGIT_CHUNK_SIZE,
     with_entropy: bool = False,
+    transform: LogitTransform = IDENTITY,
 ) -> tuple[Tensor, Tensor | None]:  # [K] log π(y), [K] H (fp32)
     """log π(label) (and entropy) at each row of `hidden`, `chunk_size` rows of logits at a time."""
     if temperature <= 0:
@@ -102,7 +135,9 @@ def head_scores(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if labels.shape != hidden.shape[:1]:
         raise ValueError(f"labels {tuple(labels.shape)} must be [{hidden.shape[0]}]")
-    log_prob, entropy = _HeadScores.apply(hidden, weight, bias, labels, temperature, chunk_size, with_entropy)
+    log_prob, entropy = _HeadScores.apply(
+        hidden, weight, bias, labels, temperature, chunk_size, with_entropy, transform
+    )
     return log_prob, entropy if with_entropy else None
 
 
@@ -114,9 +149,10 @@ def head_scores_naive(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    transform: LogitTransform = IDENTITY,
 ) -> tuple[Tensor, Tensor | None]:
     """The same quantities with all [K, V] logits in fp32 at once, autograd through every step."""
-    logits = F.linear(hidden.to(weight.dtype), weight, bias).float() / temperature  # [K, V]
+    logits = _logits(hidden, weight, bias, temperature, transform)  # [K, V]
     entropy = entropy_from_logits(logits) if with_entropy else None
     return log_prob_from_logits(logits, labels), entropy
 
@@ -129,12 +165,14 @@ def head_sum_pi_squared(
     *,
     temperature: float = 1.0,
     chunk_size: int | None = LOGIT_CHUNK_SIZE,
+    transform: LogitTransform = IDENTITY,
 ) -> Tensor:  # [K] Σ_v π(v)², fp32, in (0, 1]
     """Σ_v softmax(z)_v² of the temperature-scaled logits z, `chunk_size` rows at a time (None: all)."""
     num = hidden.shape[0]
     out = hidden.new_empty(num, dtype=torch.float32)
     step = chunk_size or max(num, 1)
     for lo in range(0, num, step):
-        p = torch.softmax(_logits(hidden[lo : lo + step], weight, bias, temperature), dim=-1)  # [c, V]
+        z = _logits(hidden[lo : lo + step], weight, bias, temperature, transform)
+        p = torch.softmax(z, dim=-1)  # [c, V]
         out[lo : lo + step] = (p * p).sum(dim=-1)
     return out

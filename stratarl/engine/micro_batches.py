@@ -9,6 +9,7 @@ single rows left, runs zero-weight passes on an empty group).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,15 +61,34 @@ def plan_micro_batches(batch: DataProto, batching: MicroBatching, dp: DataParall
     return split_to_count(groups, loads, count)
 
 
-def model_inputs(batch: DataProto, rows: list[int], layout: str) -> ModelInputs:
-    """The packed or padded model inputs of `rows` of `batch`."""
+def model_device(module: torch.nn.Module) -> torch.device:
+    """Where a model's parameters live (its batches go there: `ModelSpec.device`)."""
+    return next(module.parameters()).device
+
+
+def model_inputs(
+    batch: DataProto, rows: list[int], layout: str, device: torch.device | None = None
+) -> ModelInputs:
+    """The packed or padded model inputs of `rows` of `batch`, on `device` (None: where the batch is)."""
     index = torch.as_tensor(rows, dtype=torch.long)
-    return LAYOUTS[layout](
+    inputs = LAYOUTS[layout](
         batch["input_ids"][index],
         batch["attention_mask"][index],
         batch["position_ids"][index],
         batch["responses"].shape[1],
     )
+    return inputs if device is None or device == inputs.input_ids.device else inputs_on(inputs, device)
+
+
+def inputs_on(inputs: ModelInputs, device: torch.device) -> ModelInputs:
+    """`inputs` with every tensor (the attention keywords' too) on `device`."""
+
+    def move(value):
+        return value.to(device) if isinstance(value, Tensor) else value
+
+    tensors = {f.name: move(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)}
+    tensors["attention_kwargs"] = {k: move(v) for k, v in inputs.attention_kwargs.items()}
+    return dataclasses.replace(inputs, **tensors)
 
 
 def run_in_micro_batches(
@@ -76,16 +96,20 @@ def run_in_micro_batches(
     batching: MicroBatching,
     dp: DataParallel,
     score: Callable[[ModelInputs], dict[str, Tensor]],
+    device: torch.device | None = None,
 ) -> dict[str, Tensor]:
     """score(inputs) -> {name: [m, T]} for every micro-batch, reassembled into {name: [N, T]} in the
-    original row order. Runs under no_grad; empty groups run on row 0 and are discarded."""
+    original row order, where the batch is. Runs under no_grad; empty groups run on row 0 and are
+    discarded. device: the model's (inputs go there, scores come back)."""
     outputs: dict[str, Tensor] = {}
+    home = batch["input_ids"].device
     with torch.no_grad():
         for rows in plan_micro_batches(batch, batching, dp):
-            scores = score(model_inputs(batch, rows or [0], batching.layout))
+            scores = score(model_inputs(batch, rows or [0], batching.layout, device))
             if not rows:
                 continue
             for name, grid in scores.items():
+                grid = grid.to(home)
                 if name not in outputs:
                     outputs[name] = grid.new_zeros((len(batch), grid.shape[1]))
                 outputs[name][torch.as_tensor(rows)] = grid

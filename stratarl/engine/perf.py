@@ -6,6 +6,8 @@ of L blocks, width d, h_q query heads of size e, h_kv key/value heads, gated MLP
     F_fwd = 2·N_block·L·s + 2·d·V·K + 4·L·h_q·e·s²
     N_block = d·h_q·e + 2·d·h_kv·e + h_q·e·d + 3·d·f      (q, k, v, o projections; gate, up, down)
 
+`ModelFlops.from_model` counts N_block·L from the model's own matmul weights instead (every Linear or
+GPT-2 Conv1D but the head), so an ungated MLP (GPT-2, OPT: 2·d·f) or fused projections count right.
 The 2·N terms are the matmuls (a multiply-add is 2 FLOPs); 4·h_q·e·s² per block is QKᵀ and A·V over
 the full s×s square (verl's FlopsCounter convention; causal kernels do about half). Embedding
 lookups are gathers, not FLOPs: departure from verl, which counts the embedding as a matmul. The
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 GIB = 1024**3
 
@@ -50,6 +53,21 @@ class ModelFlops:
         block = d * h_q * e + 2 * d * h_kv * e + h_q * e * d + 3 * d * config.intermediate_size
         outputs = config.vocab_size if head_outputs is None else head_outputs
         return cls(block_params=block * layers, head_params=d * outputs, attention_coeff=4 * layers * h_q * e)
+
+    @classmethod
+    def from_model(cls, model: nn.Module, head: nn.Module, *, head_outputs: int | None = None) -> ModelFlops:
+        """The coefficients of `model` (an HF model, peft-wrapped or not) whose output head is `head`:
+        N_block·L = the weights of every matmul module but the head."""
+        config = model.config
+        d, layers, h_q = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+        e = getattr(config, "head_dim", None) or d // h_q
+        matmuls = sum(
+            m.weight.numel()
+            for m in model.modules()
+            if m is not head and (isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D")
+        )
+        outputs = config.vocab_size if head_outputs is None else head_outputs
+        return cls(block_params=matmuls, head_params=d * outputs, attention_coeff=4 * layers * h_q * e)
 
     def forward_flops(self, seq_lens: Sequence[int], scored_tokens: int) -> float:
         """F_fwd summed over rows of lengths `seq_lens`, `scored_tokens` of them through the head."""

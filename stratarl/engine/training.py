@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from stratarl.engine.data_parallel import DTYPES, DataParallel, clip_grad_norm
-from stratarl.engine.micro_batches import MicroBatching, model_inputs, plan_micro_batches
+from stratarl.engine.micro_batches import MicroBatching, model_device, model_inputs, plan_micro_batches
 from stratarl.engine.optim import build_lr_schedule, build_optimizer
 from stratarl.engine.packing import ModelInputs, padding_share
 from stratarl.engine.perf import ModelFlops, default_peak_flops, memory_metrics, mfu
@@ -104,6 +104,7 @@ class TrainingEngine:
         )
         self.flops = flops
         self.peak_flops = peak_flops
+        self.device = model_device(module)  # micro-batches and the loss's columns go there
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient norm
         # Per-row statistics of the last update ({} unless its batch had `row_id`): `row_id` [R] and
         # one [R] tensor per statistic, each row's last pass (its latest epoch).
@@ -171,12 +172,14 @@ class TrainingEngine:
         self.optimizer.zero_grad(set_to_none=True)
         micro_metrics: dict[str, float] = defaultdict(float)
         for group in plan_micro_batches(mini, self.batching, self.dp):
-            inputs = model_inputs(mini, group or [0], self.batching.layout)
+            inputs = model_inputs(mini, group or [0], self.batching.layout, self.device)
             scores = self._forward(inputs, with_entropy=with_entropy)
             if not group:
                 self._zero_weight_pass(scores).backward()
                 continue
             micro = mini.take(group)
+            if micro["response_mask"].device != self.device:
+                micro = micro.to(self.device)
             loss, metrics = loss_fn(micro, scores, totals)
             loss.backward()  # micro losses are globally normalised: their sum is the mini-batch loss
             for name, value in metrics.items():

@@ -7,10 +7,14 @@ registers an attention function, `stratarl_varlen_sdpa`, that reads the row boun
 flash-attention varlen keywords (`cu_seq_lens_q/k`, `max_length_q/k`, verl's `cu_seqlens`) and runs
 causal SDPA on each row's slice: attention work Σ s_i² instead of L². Without the keywords it finds
 the rows where position_ids restart, as transformers does; other inputs (padded, cached) get
-transformers' SDPA with its usual mask.
+transformers' SDPA with the mask the model built. A sliding-window layer (the attention module
+passes `sliding_window`) restricts each row's causal mask to the window, k > q − w, as
+`masking_utils.sliding_window_overlay` does.
 
 On a GPU with flash-attn installed the same keywords drive `flash_attention_2`'s varlen kernel, so
-`use_varlen_attention` leaves a flash implementation in place.
+`use_varlen_attention` leaves a flash implementation in place. Eager attention stays too: Gemma 2
+soft-caps attention scores, which SDPA cannot do (transformers refuses SDPA for it); its packed rows
+get transformers' own block-diagonal masks from the restarting position_ids (O(L²) memory).
 """
 
 from __future__ import annotations
@@ -25,22 +29,31 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "stratarl_varlen_sdpa"
-FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 
 
-def row_bounds(query: Tensor, attention_mask: Tensor | None, kwargs: dict) -> list[int] | None:
-    """[0, end of row 1, …, L] for a packed [1, L] input, None for anything else. From
-    `cu_seq_lens_q` when given, else from position_ids that restart (transformers' own rule)."""
+def row_bounds(query: Tensor, kwargs: dict) -> list[int]:
+    """[0, end of row 1, …, L] of an unpadded input [b, L]: from `cu_seq_lens_q` when given, else from
+    position_ids that restart (transformers' own rule); one row per batch entry when b > 1."""
+    L = query.shape[2]
     bounds = kwargs.get("cu_seq_lens_q")
     if bounds is not None:
         return bounds.tolist()
     position_ids = kwargs.get("position_ids")
-    if attention_mask is not None or position_ids is None or query.shape[0] != 1:
-        return None
+    if position_ids is None or query.shape[0] != 1:
+        return [0, L]
     positions = position_ids.reshape(-1)
     restarts = torch.diff(positions, prepend=positions[:1] - 1) != 1  # [L] a new row starts here
-    starts = restarts.nonzero().flatten().tolist()
-    return [0, *starts, query.shape[2]] if starts else None
+    return [0, *(restarts.nonzero().flatten().tolist()), L]
+
+
+def _row_attention(query: Tensor, key: Tensor, value: Tensor, window: int | None, **sdpa) -> Tensor:
+    """Causal SDPA over one row [b, h, s, e]; within the last `window` keys when a window is set."""
+    s = query.shape[2]
+    if window is None or s <= window:
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, **sdpa)
+    q, k = torch.arange(s, device=query.device)[:, None], torch.arange(s, device=query.device)[None]
+    mask = (k <= q) & (k > q - window)  # [s, s]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, **sdpa)
 
 
 def varlen_sdpa_attention(
@@ -54,26 +67,16 @@ def varlen_sdpa_attention(
     **kwargs,
 ) -> tuple[Tensor, None]:  # [1, L, h_q, e]
     """Causal SDPA on each packed row; transformers' SDPA for any other input."""
-    bounds = row_bounds(query, attention_mask, kwargs)
-    if bounds is None:
+    if attention_mask is not None or query.shape[2] != key.shape[2]:  # padded, or a cached prefix
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    if kwargs.get("sliding_window") is not None:
-        raise NotImplementedError("packed rows with sliding-window attention; use the padded layout")
-    groups = query.shape[1] // key.shape[1]
-    p = dropout if module.training else 0.0
+    window = kwargs.get("sliding_window")
+    sdpa = dict(dropout_p=dropout if module.training else 0.0, scale=scaling)
+    sdpa["enable_gqa"] = query.shape[1] != key.shape[1]
     outputs = [
-        F.scaled_dot_product_attention(
-            query[:, :, lo:hi],
-            key[:, :, lo:hi],
-            value[:, :, lo:hi],
-            dropout_p=p,
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=groups > 1,
-        )
-        for lo, hi in itertools.pairwise(bounds)
+        _row_attention(query[:, :, lo:hi], key[:, :, lo:hi], value[:, :, lo:hi], window, **sdpa)
+        for lo, hi in itertools.pairwise(row_bounds(query, kwargs))
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
@@ -82,7 +85,7 @@ def _mask_unless_unpadded(
     *args, attention_mask: Tensor | None = None, q_length: int, kv_length: int, **kwargs
 ):
     """No L×L mask when nothing is padded and there is no cache offset (causal, or packed rows that
-    the attention function separates); SDPA's mask otherwise."""
+    the attention function separates, each within its sliding window); SDPA's mask otherwise."""
     if attention_mask is None and q_length == kv_length:
         return None
     return sdpa_mask(*args, attention_mask=attention_mask, q_length=q_length, kv_length=kv_length, **kwargs)
@@ -93,8 +96,9 @@ AttentionMaskInterface.register(NAME, _mask_unless_unpadded)
 
 
 def use_varlen_attention(model: nn.Module) -> None:
-    """Switch `model` (an HF model) to per-row attention on packed inputs, unless it uses flash."""
-    if model.config._attn_implementation not in FLASH:
+    """Switch `model` (an HF model) from SDPA to per-row attention on packed inputs. Flash and eager
+    implementations stay (see the module doc)."""
+    if model.config._attn_implementation in ("sdpa", NAME):
         model.set_attn_implementation(NAME)
 
 

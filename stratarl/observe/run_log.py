@@ -2,18 +2,23 @@
 
 Each line of `metrics.jsonl` is {"step": k, "phase": "train"|"val"|"sft", <metric>: value, ...};
 each line of `trajectories.jsonl` is one trajectory of one step (DESIGN.md §4: where it came from,
-what it said, what it earned, which weights made it).
+what it said, what it earned, which weights made it). Logs grow by appending; any file that is
+rewritten instead (`replace_atomically`) is written beside, fsynced and renamed over the old one.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
+from rich.measure import Measurement
+from rich.segment import Segments
 from rich.table import Table
 
 from stratarl.observe.loggers import MetricSink
@@ -90,7 +95,7 @@ class RunLog:
 
     @staticmethod
     def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:
-        with Path(path).open("w") as f:
+        with replace_atomically(path) as f:
             for record in records:
                 f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
 
@@ -105,13 +110,53 @@ class RunLog:
         self.console.print(f"[bold]step {step}/{total}[/bold]  {shown}")
 
     def print_table(self, title: str, rows: Mapping[str, Any]) -> None:
+        """`rows` as a two-column table, never cut: wider than the console when a path or a metric
+        name needs it (a terminal then wraps the line, a log file keeps it whole)."""
         table = Table(title=title, show_header=False)
+        table.add_column(no_wrap=True)
+        table.add_column(no_wrap=True)
         for key, value in rows.items():
             table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-        self.console.print(table)
+        wide = self.console.options.update_width(1_000_000)
+        width = max(Measurement.get(self.console, wide, table).maximum, self.console.width)
+        lines = self.console.render_lines(
+            table, self.console.options.update_width(width), pad=False, new_lines=True
+        )
+        self.console.print(Segments([s for line in lines for s in line]), soft_wrap=True, crop=False, end="")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file, in order."""
     with Path(path).open() as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+@contextmanager
+def replace_atomically(path: str | Path) -> Iterator[IO[str]]:
+    """A text file to write the new content of `path` into: it is written beside (`<name>.tmp`, the
+    same filesystem), fsynced and renamed over `path`, and the directory is fsynced, so a crash at
+    any moment leaves either the whole old file or the whole new one. Nothing is replaced when the
+    block raises."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("w") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def write_atomically(path: str | Path, text: str) -> Path:
+    """Replace `path` by `text` through `replace_atomically`; returns the path."""
+    with replace_atomically(path) as f:
+        f.write(text)
+    return Path(path)

@@ -3,25 +3,24 @@
 A scorer that raises, or returns something that is not a finite number (or a dict with one under
 `score`), gives 0 for that sample and a counted failure reason (`score_call`); the batch — and the
 run — goes on. A data source with no scorer is a setup error and is raised, because scoring a whole
-run as 0 would hide it. For concurrency and per-sample timeouts use `process_pool.ScoringPool`,
-which returns the same `RewardResult`.
+run as 0 would hide it. In-process scoring has no deadline and cannot survive `os._exit`: the
+trainer's default is `process_pool.ScoringPool`, which returns the same `RewardResult`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from stratarl.reward.registry import ScoreFn, default_compute_score
-from stratarl.reward.score_call import ScoreOutcome, call_scorer
+from stratarl.reward.score_call import ScoreOutcome, call_scorer, finite_float
 
 logger = logging.getLogger(__name__)
 
@@ -30,27 +29,55 @@ logger = logging.getLogger(__name__)
 class RewardResult:
     """Scores of one batch, the scorers' extra outputs and what went wrong.
 
-    scores: [N] float32, one outcome per trajectory (0 where the scorer failed).
+    scores: [N] float32, one outcome per trajectory (0, or the configured failure score, where the
+        scorer failed).
     extra: key -> [N] list of the extra values scorers returned in their dicts (None where absent).
-    failures: reason -> count; reasons are the raised exception's class name, `bad_return`,
-        `non_finite`, and from the process pool `timeout` and `worker_died`.
+    failures: reason -> count; reasons are the raised exception's class name (`SystemExit`
+        included), `bad_return`, `non_finite`, and from worker processes `timeout`, `process_exit`,
+        `process_crash`, `pool_broken`.
     failure_examples: the first few failures as "sample i: reason: message", for logs.
+    sample_failures: [N] each sample's reason, None where it was scored.
+    data_sources: [N] each sample's data source (failures are counted per source too).
+    output_bytes: what the scorers printed in all (worker processes count it; in-process: 0).
+    capped_outputs: calls that printed more than the per-call cap kept.
     """
 
     scores: Tensor
     extra: dict[str, list[Any]] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
     failure_examples: list[str] = field(default_factory=list)
+    sample_failures: list[str | None] = field(default_factory=list)
+    data_sources: list[str] = field(default_factory=list)
+    output_bytes: int = 0
+    capped_outputs: int = 0
 
     def metrics(self) -> dict[str, float]:
-        """`reward/failures/<reason>` counts (and their total) and `reward/<key>/mean` of numeric extras."""
+        """`reward/failures/<reason>` and `reward/failures/<data_source>/<reason>` counts (and their
+        total), `reward/output/{bytes,capped_calls}`, and `reward/<key>/mean` of numeric extras."""
         out = {f"reward/failures/{reason}": float(count) for reason, count in sorted(self.failures.items())}
         out["reward/failures/total"] = float(sum(self.failures.values()))
+        by_source = Counter(
+            (source, reason)
+            for source, reason in zip(self.data_sources, self.sample_failures, strict=False)
+            if reason is not None
+        )
+        for (source, reason), count in sorted(by_source.items()):
+            out[f"reward/failures/{source}/{reason}"] = float(count)
+        out["reward/output/bytes"] = float(self.output_bytes)
+        out["reward/output/capped_calls"] = float(self.capped_outputs)
         for key, values in self.extra.items():
-            numbers = [float(v) for v in values if isinstance(v, Real) and math.isfinite(float(v))]
+            numbers = [number for v in values if (number := finite_float(v)) is not None]
             if numbers:
                 out[f"reward/{key}/mean"] = sum(numbers) / len(numbers)
         return out
+
+    def with_failure_score(self, value: float) -> RewardResult:
+        """This result with `value` as the score of every failed sample (reward.failure_score)."""
+        failed = torch.tensor([r is not None for r in self.sample_failures], dtype=torch.bool)
+        if value == 0.0 or not failed.any():
+            return self
+        scores = torch.where(failed, torch.full_like(self.scores, value), self.scores)
+        return dataclasses.replace(self, scores=scores)
 
 
 def check_lengths(
@@ -90,7 +117,28 @@ def collect_outcomes(
                 examples.append(f"sample {i} ({data_sources[i]}): {outcome.reason}: {outcome.message}")
     if failures:
         logger.warning("reward failures %s; first: %s", dict(failures), "; ".join(examples))
-    return RewardResult(scores, extra, dict(failures), examples)
+    printed = [o for o in outcomes if o.output_bytes]
+    capped = sum(o.output_bytes > len(o.output_head.encode("utf-8")) for o in printed)
+    if printed:  # once per batch, however much was printed: the log stays small
+        logger.info(
+            "scorers printed %d bytes in %d of %d calls (%d over the per-call cap, the rest dropped); "
+            "the first: %r",
+            sum(o.output_bytes for o in printed),
+            len(printed),
+            n,
+            capped,
+            printed[0].output_head[:200],
+        )
+    return RewardResult(
+        scores,
+        extra,
+        dict(failures),
+        examples,
+        sample_failures=[o.reason for o in outcomes],
+        data_sources=[str(s) for s in data_sources],
+        output_bytes=sum(o.output_bytes for o in outcomes),
+        capped_outputs=capped,
+    )
 
 
 def score_batch(

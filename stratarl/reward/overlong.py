@@ -11,6 +11,8 @@ tokens of a multi-turn response included), not only the action tokens.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -52,4 +54,4 @@ def with_overlong_penalty(
     extra = dict(result.extra)
     extra["overlong_reward"] = penalty.tolist()
     extra["overlong"] = (penalty < 0).to(torch.float32).tolist()
-    return RewardResult(result.scores + penalty, extra, dict(result.failures), list(result.failure_examples))
+    return dataclasses.replace(result, scores=result.scores + penalty, extra=extra)

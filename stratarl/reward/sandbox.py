@@ -1,11 +1,12 @@
-"""Layer 5, rewards: run untrusted Python in a separate, limited process (code scorer, python tool).
+"""Layer 5, rewards: run untrusted Python in the OS sandbox (code scorer, python tool).
 
-Each run gets a throw-away working directory, an environment with nothing of the parent's, its own
-process group (killed as a whole when the run ends), a wall-clock limit, a cap on captured output,
-and — inside the child, before the program starts (`sandbox_guard`) — kernel limits on CPU time,
-memory, file size and open files, a private network namespace where the kernel allows it, and an
-audit hook that refuses process creation, sockets, native code and file access outside the working
-directory. What each layer stops is tested in tests/reward/test_sandbox.py.
+Containment comes from the operating system (`sandbox_namespace`: a bubblewrap namespace as an
+unprivileged user, a size-capped private /work, read-only system paths, no network, no view of
+other processes, kernel limits on memory, CPU, files and processes). The parent adds a wall-clock
+limit, a cap on captured output, and on every exit a SIGKILL of the namespace's first process,
+which makes the kernel kill every process left inside. As a second layer only, `sandbox_guard`
+installs an audit hook in the interpreter before the program starts. When the OS sandbox cannot
+run here, `run_python` raises `SandboxUnavailableError`: code is never run unconfined.
 """
 
 from __future__ import annotations
@@ -15,33 +16,60 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import sysconfig
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from stratarl.reward.sandbox_namespace import (
+    WORKDIR,
+    NamespaceLimits,
+    SandboxUnavailableError,
+    find_bwrap,
+    identity_kwargs,
+    namespace_command,
+    require_sandbox,
+    sandbox_interpreter,
+)
+
+__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailableError", "run_python"]
+
 GUARD = Path(__file__).with_name("sandbox_guard.py")
-PROGRAM_NAME = "main.py"
+GUARD_INSIDE, PROGRAM_INSIDE = "/sandbox/guard.py", "/sandbox/main.py"
+ENVIRONMENT = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": WORKDIR, "TMPDIR": WORKDIR}
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """wall_seconds: kill after this long; cpu_seconds: kernel CPU limit (SIGXCPU, then SIGKILL);
-    memory_mb: address-space limit; output_bytes: stdout and stderr are each cut here and the run is
-    killed; file_mb: largest file the program may write; isolate_network: try a new network namespace
-    (the audit hook refuses sockets either way)."""
+    """wall_seconds: kill after this long; cpu_seconds: kernel CPU limit per process (SIGXCPU, then
+    SIGKILL); memory_mb: address space per process; processes: most processes and threads at once;
+    disk_mb: all files in /work together; file_mb: largest single file; output_bytes: stdout and
+    stderr are each cut here and the run is killed; isolate_network: a network namespace with
+    nothing in it (false shares the host's; the audit hook still refuses sockets); python_guard:
+    install the audit hook as a second layer (false tests the OS layer alone)."""
 
     wall_seconds: float = 5.0
     cpu_seconds: int = 5
     memory_mb: int = 512
-    output_bytes: int = 64_000
+    processes: int = 16
+    disk_mb: int = 64
     file_mb: int = 16
+    output_bytes: int = 64_000
     open_files: int = 64
     isolate_network: bool = True
+    python_guard: bool = True
+
+    def namespace_limits(self) -> NamespaceLimits:
+        return NamespaceLimits(
+            cpu_seconds=int(self.cpu_seconds),
+            address_space_bytes=int(self.memory_mb) * 2**20,
+            file_bytes=int(self.file_mb) * 2**20,
+            disk_bytes=int(self.disk_mb) * 2**20,
+            open_files=int(self.open_files),
+            processes=int(self.processes),
+            isolate_network=self.isolate_network,
+        )
 
 
 @dataclass(frozen=True)
@@ -61,43 +89,60 @@ class SandboxResult:
 
 
 def run_python(code: str, *, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run `code` as `main.py` in a fresh directory with `stdin` as its standard input."""
+    """Run `code` as /sandbox/main.py with /work as its directory and `stdin` as its standard input.
+    Raises SandboxUnavailableError when the OS sandbox cannot run here."""
+    require_sandbox()
     limits = limits or SandboxLimits()
-    with tempfile.TemporaryDirectory(prefix="stratarl-sandbox-") as workdir:
-        program = Path(workdir) / PROGRAM_NAME
-        program.write_text(code, encoding="utf-8")
-        config = {
-            "workdir": workdir,
-            "cpu_seconds": int(limits.cpu_seconds),
-            "memory_bytes": int(limits.memory_mb) * 2**20,
-            "file_bytes": int(limits.file_mb) * 2**20,
-            "open_files": int(limits.open_files),
-            "isolate_network": limits.isolate_network,
-            "read_roots": _read_roots(),
-        }
-        command = [sys.executable, "-I", "-S", "-B", str(GUARD), json.dumps(config), str(program)]
-        return _supervise(command, workdir, stdin, limits)
+    interpreter = sandbox_interpreter()
+    assert interpreter is not None  # require_sandbox checked it
+    config = {"workdir": WORKDIR, "python_guard": limits.python_guard}
+    program = code.encode("utf-8", errors="replace")  # a lone surrogate is a "?", not a crash
+    with _data_fd(GUARD.read_bytes()) as guard_fd, _data_fd(program) as program_fd:
+        info_read, info_write = os.pipe()
+        try:
+            command = namespace_command(
+                find_bwrap() or "bwrap",
+                interpreter,
+                [(guard_fd, GUARD_INSIDE), (program_fd, PROGRAM_INSIDE)],
+                limits.namespace_limits(),
+                info_fd=info_write,
+            )
+            command += [interpreter, "-I", "-S", "-B", GUARD_INSIDE, json.dumps(config), PROGRAM_INSIDE]
+            return _supervise(command, (guard_fd, program_fd, info_write), info_read, stdin, limits)
+        finally:
+            os.close(info_read)
 
 
-def _read_roots() -> list[str]:
-    """Directories the program may read: the standard library only (no site-packages)."""
-    paths = sysconfig.get_paths()
-    return sorted({os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib")})
+@contextlib.contextmanager
+def _data_fd(data: bytes):
+    """An anonymous in-memory file holding `data`, for bwrap to copy into the sandbox."""
+    fd = os.memfd_create("stratarl-sandbox", 0)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
 
 
-def _supervise(command: list[str], workdir: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
+def _supervise(
+    command: list[str], pass_fds: tuple[int, ...], info_read: int, stdin: str, limits: SandboxLimits
+) -> SandboxResult:
     start = time.monotonic()
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-    proc = subprocess.Popen(
-        command,
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, so every descendant dies with it
-        close_fds=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            command,
+            env=ENVIRONMENT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=pass_fds,
+            **identity_kwargs(),
+        )
+    finally:
+        os.close(pass_fds[-1])  # the info pipe's write end: bwrap's alone from here
+    namespace = _NamespaceInfo(info_read)
     overflow = threading.Event()
     readers = [_CappedReader(stream, limits.output_bytes, overflow) for stream in (proc.stdout, proc.stderr)]
     threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
@@ -110,7 +155,7 @@ def _supervise(command: list[str], workdir: str, stdin: str, limits: SandboxLimi
             timed_out = True
             break
         overflow.wait(0.01)
-    _kill_group(proc)
+    _kill_namespace(proc, namespace)
     returncode = proc.wait()
     for reader in readers:
         reader.join()
@@ -120,17 +165,38 @@ def _supervise(command: list[str], workdir: str, stdin: str, limits: SandboxLimi
 
 
 def _status(returncode: int, timed_out: bool, overflow: bool) -> str:
+    """bwrap exits with the program's code, or 128 + the signal that killed it."""
     if overflow:
         return "output_limit"
-    if timed_out or returncode == -signal.SIGXCPU:
+    if timed_out or returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return "timeout"
     if returncode == 0:
         return "ok"
-    return "killed" if returncode < 0 else "error"
+    return "killed" if returncode < 0 or returncode > 128 else "error"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the run's whole process group (the program and anything it managed to start)."""
+class _NamespaceInfo:
+    """The host pid of the namespace's first process, read from bwrap's --info-fd."""
+
+    def __init__(self, fd: int) -> None:
+        self.pid: int | None = None
+        self.thread = threading.Thread(target=self._read, args=(os.dup(fd),), daemon=True)
+        self.thread.start()
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as stream:
+            data = stream.read()
+        with contextlib.suppress(ValueError):
+            self.pid = int(json.loads(data or b"{}").get("child-pid") or 0) or None
+
+
+def _kill_namespace(proc: subprocess.Popen, namespace: _NamespaceInfo) -> None:
+    """SIGKILL the namespace's first process (the kernel then kills everything inside the PID
+    namespace, including processes that left the session) and bwrap's own process group."""
+    namespace.thread.join(timeout=1)
+    if namespace.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(namespace.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
@@ -139,7 +205,7 @@ def _feed(stream: IO[bytes] | None, text: str) -> None:
     if stream is None:
         return
     try:
-        stream.write(text.encode("utf-8"))
+        stream.write(text.encode("utf-8", errors="replace"))
         stream.close()
     except (BrokenPipeError, OSError):
         pass  # the program exited (or was killed) without reading its input

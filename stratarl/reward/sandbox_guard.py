@@ -1,26 +1,25 @@
-"""Layer 5, rewards: the first code a sandboxed interpreter runs, before the untrusted program.
+"""Layer 5, rewards: the second layer of the sandbox — an audit hook installed before the program runs.
 
-Run as `python -I -S -B sandbox_guard.py CONFIG_JSON PROGRAM` by `stratarl.reward.sandbox`; stdlib
-only. In order it: sets kernel resource limits (CPU seconds, address space, file size, open files,
-no core dumps), moves into a fresh network namespace when the kernel allows it (no interface but a
-down loopback), installs an audit hook (PEP 578) that refuses process creation, signals to other
-processes, sockets, foreign-code loading (ctypes) and any file access outside the working directory
-(reads of the standard library excepted), and finally executes the program as `__main__`.
-
-An audit hook cannot be removed once installed, and the events it blocks are raised in C by the
-interpreter itself, so the program cannot route around them from Python code.
+Run as `python -I -S -B guard.py CONFIG_JSON PROGRAM` inside the OS sandbox (`sandbox_namespace`);
+stdlib only. It installs an audit hook (PEP 578) that refuses process creation, signals, sockets,
+native code (ctypes), file access outside the working directory (reads of the standard library
+excepted) and the introspection that would reach the hook itself (gc, frames), then executes the
+program as a module of its own. The hook's policy lives in its closure, bound when it is made, so
+rewriting this file's globals, `os.path` or `builtins` afterwards changes nothing. It is a second
+layer only: what contains the program is the namespace around it, tested with the hook turned off.
 """
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
-import resource
 import sys
+import sysconfig
+import types
 
-CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
-
-# Events refused outright (prefix match): process creation, signalling, sockets, native code.
+# Events refused outright (prefix match): process creation, signalling, sockets, native code,
+# introspection that could reach the hook's frame or closure.
 BLOCKED_PREFIXES = (
     "os.fork",
     "os.forkpty",
@@ -34,6 +33,10 @@ BLOCKED_PREFIXES = (
     "os.symlink",
     "os.link",
     "os.chroot",
+    "os.mkfifo",
+    "os.mknod",
+    "os.setxattr",
+    "os.removexattr",
     "subprocess.",
     "signal.pthread_kill",
     "socket.",
@@ -41,9 +44,18 @@ BLOCKED_PREFIXES = (
     "resource.setrlimit",
     "resource.prlimit",
     "sys.remote_exec",
+    "sys._getframe",
+    "sys._current_frames",
+    "sys._current_exceptions",
+    "gc.get_objects",
+    "gc.get_referrers",
+    "gc.get_referents",
+    "sqlite3.",
 )
 # Sockets stay importable (asyncio imports them); creating or using one is refused by event.
-BLOCKED_IMPORTS = frozenset({"_posixsubprocess", "ctypes", "_ctypes", "_multiprocessing"})
+BLOCKED_IMPORTS = frozenset({"_posixsubprocess", "ctypes", "_ctypes", "_multiprocessing", "_sqlite3"})
+# Attribute reads that hand out frames (audited by CPython as object.__getattr__).
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_globals"})
 # Events whose first argument is a path that must stay inside the working directory (reads of the
 # read roots allowed for the listing events).
 PATH_EVENTS = frozenset(
@@ -65,70 +77,71 @@ PATH_EVENTS = frozenset(
     }
 )
 LISTING_EVENTS = frozenset({"os.listdir", "os.scandir"})
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
-def set_limits(config: dict) -> None:
-    """Kernel-enforced ceilings; soft == hard so the program cannot raise them back.
-
-    The CPU limit is the exception: soft = cpu_seconds sends SIGXCPU (reported as "timeout"), and the
-    hard limit one second later SIGKILLs a program that catches it. With soft == hard the kernel may
-    deliver SIGKILL first, and a CPU timeout would be indistinguishable from an out-of-memory kill.
-    """
-    cpu = config["cpu_seconds"]
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    limits = {
-        resource.RLIMIT_AS: config["memory_bytes"],
-        resource.RLIMIT_FSIZE: config["file_bytes"],
-        resource.RLIMIT_NOFILE: config["open_files"],
-        resource.RLIMIT_CORE: 0,
-    }
-    for which, value in limits.items():
-        resource.setrlimit(which, (value, value))
+def read_roots() -> tuple[str, ...]:
+    """What the program may read besides its directory: this interpreter's standard library."""
+    paths = sysconfig.get_paths()
+    return tuple(sorted({os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib")}))
 
 
-def isolate_network() -> bool:
-    """Enter a new, empty network namespace (as root, or through a user namespace); False if refused."""
-    import ctypes  # loaded here, before the audit hook refuses it to the program
+def make_hook(
+    workdir: str,
+    roots: tuple[str, ...],
+    *,
+    _blocked=BLOCKED_PREFIXES,
+    _imports=BLOCKED_IMPORTS,
+    _frames=FRAME_ATTRIBUTES,
+    _path_events=PATH_EVENTS,
+    _listing=LISTING_EVENTS,
+    _write_flags=WRITE_FLAGS,
+    _realpath=os.path.realpath,
+    _join=os.path.join,
+    _fspath=os.fspath,
+    _fsdecode=os.fsdecode,
+    _sep=os.sep,
+    _isinstance=builtins.isinstance,
+    _any=builtins.any,
+    _str=builtins.str,
+    _bool=builtins.bool,
+    _len=builtins.len,
+    _error=PermissionError,
+):
+    """The audit hook: raise PermissionError for any event the sandbox does not allow. Everything it
+    calls is bound here, at creation, so later changes to modules the program can reach do nothing."""
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
-    return libc.unshare(flags) == 0
-
-
-def _inside(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == root or path.startswith(root + os.sep) for root in roots)
-
-
-def make_hook(workdir: str, read_roots: tuple[str, ...]):
-    """The audit hook: raise PermissionError for any event the sandbox does not allow."""
+    def inside(path: str, allowed: tuple[str, ...]) -> bool:
+        return _any(path == root or path.startswith(root + _sep) for root in allowed)
 
     def resolve(path) -> str | None:
-        if isinstance(path, int) or path is None:
+        if _isinstance(path, int) or path is None:
             return None  # an already-open descriptor: it was opened under this same policy
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        return os.path.realpath(os.path.join(workdir, os.fspath(path)))
+        if _isinstance(path, bytes):
+            path = _fsdecode(path)
+        return _realpath(_join(workdir, _fspath(path)))
 
     def hook(event: str, args: tuple) -> None:
-        if event.startswith(BLOCKED_PREFIXES):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and args and str(args[0]).split(".")[0] in BLOCKED_IMPORTS:
-            raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
+        if event.startswith(_blocked):
+            raise _error(f"sandbox: {event} is not allowed")
+        if event == "import" and args and _str(args[0]).split(".")[0] in _imports:
+            raise _error(f"sandbox: importing {args[0]} is not allowed")
+        if event == "object.__getattr__" and _len(args) > 1 and args[1] in _frames:
+            raise _error(f"sandbox: reading {args[1]} is not allowed")
         if event == "open" and args:
             path = resolve(args[0])
             if path is None:
                 return
-            mode, flags = (args[1] if len(args) > 1 else "r") or "r", args[2] if len(args) > 2 else 0
-            writes = any(c in str(mode) for c in "wax+") or bool((flags or 0) & _WRITE_FLAGS)
-            if _inside(path, (workdir,)) or (not writes and _inside(path, read_roots)):
+            mode, flags = (args[1] if _len(args) > 1 else "r") or "r", args[2] if _len(args) > 2 else 0
+            writes = _any(c in _str(mode) for c in "wax+") or _bool((flags or 0) & _write_flags)
+            if inside(path, (workdir,)) or (not writes and inside(path, roots)):
                 return
-            raise PermissionError(f"sandbox: access to {args[0]!r} is not allowed")
-        if event in PATH_EVENTS and args:
+            raise _error(f"sandbox: access to {args[0]!r} is not allowed")
+        if event in _path_events and args:
             path = resolve(args[0])
-            allowed = (workdir, *read_roots) if event in LISTING_EVENTS else (workdir,)
-            if path is not None and not _inside(path, allowed):
-                raise PermissionError(f"sandbox: {event} on {args[0]!r} is not allowed")
+            allowed = (workdir, *roots) if event in _listing else (workdir,)
+            if path is not None and not inside(path, allowed):
+                raise _error(f"sandbox: {event} on {args[0]!r} is not allowed")
 
     return hook
 
@@ -137,16 +150,19 @@ def main(argv: list[str]) -> None:
     config = json.loads(argv[1])
     workdir = os.path.realpath(config["workdir"])
     os.chdir(workdir)
-    set_limits(config)
-    if config["isolate_network"]:
-        isolate_network()
     with open(argv[2], encoding="utf-8") as f:
         source = f.read()
     code = compile(source, os.path.basename(argv[2]), "exec")
+    roots = read_roots()
     sys.argv = [os.path.basename(argv[2])]
-    sys.path[:] = [p for p in sys.path if _inside(os.path.realpath(p), tuple(config["read_roots"]))]
-    sys.addaudithook(make_hook(workdir, tuple(config["read_roots"])))
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    sys.path[:] = [p for p in sys.path if any(os.path.realpath(p).startswith(r) for r in roots)]
+    # The program's own __main__: `import __main__` must not hand it this module's namespace.
+    program = types.ModuleType("__main__")
+    program.__builtins__ = builtins
+    sys.modules["__main__"] = program
+    if config["python_guard"]:
+        sys.addaudithook(make_hook(workdir, roots))
+    exec(code, program.__dict__)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Layer 5, rewards: one call of a scoring function, made safe: an outcome, never an exception.
 
 Shared by the in-process `score_batch` and the worker processes of `process_pool` (this module
-imports neither torch nor numpy, so a worker starts fast). A scorer that raises, or returns
-something that is not a finite number (or a dict with one under `score`), gives score 0 and a
-reason: the exception's class name, `bad_return` or `non_finite`. Only a setup error — no scorer
-for the data source — is raised.
+imports neither torch nor numpy, so a worker starts fast). A scorer that raises — SystemExit
+included — or returns something that is not a finite number (or a dict with one under `score`),
+gives score 0 and a reason: the exception's class name, `bad_return` or `non_finite`. Only setup
+errors — no scorer for the data source, no OS sandbox for code — and Ctrl-C are raised.
 """
 
 from __future__ import annotations
@@ -19,16 +19,20 @@ from numbers import Real
 from typing import Any
 
 from stratarl.reward.registry import UnknownDataSourceError
+from stratarl.reward.sandbox_namespace import SandboxUnavailableError
 
 
 @dataclass
 class ScoreOutcome:
-    """score (0 on failure), the scorer's extra dict entries, a failure reason or None, a message."""
+    """score (0 on failure), the scorer's extra dict entries, a failure reason or None, a message;
+    from a worker process also what the call printed (bytes, and the first of them)."""
 
     score: float
     extras: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     message: str = ""
+    output_bytes: int = 0
+    output_head: str = ""
 
 
 def call_scorer(
@@ -39,10 +43,11 @@ def call_scorer(
         result = compute_score(data_source, solution_str, ground_truth, extra_info)
         if inspect.isawaitable(result):  # an `async def` scorer (verl accepts those too)
             result = run_awaitable(result)
-    except UnknownDataSourceError:
+    except (UnknownDataSourceError, SandboxUnavailableError, KeyboardInterrupt):
         raise
-    except Exception as err:
-        return ScoreOutcome(0.0, {}, type(err).__name__, str(err)[:200])
+    except BaseException as err:  # SystemExit too: a scorer must not end the run by raising
+        message = f"exit code {err.code!r}" if isinstance(err, SystemExit) else str(err)[:200]
+        return ScoreOutcome(0.0, {}, type(err).__name__, message)
     return normalize_result(result)
 
 
@@ -61,9 +66,21 @@ def normalize_result(result: Any) -> ScoreOutcome:
             result = result.item()
     if not isinstance(result, Real):  # bool, int, float
         return ScoreOutcome(0.0, extras, "bad_return", f"score of type {type(result).__name__}")
-    if not math.isfinite(float(result)):
-        return ScoreOutcome(0.0, extras, "non_finite", f"score {result}")
-    return ScoreOutcome(float(result), extras)
+    value = finite_float(result)
+    if value is None:
+        return ScoreOutcome(0.0, extras, "non_finite", f"score {str(result)[:50]}")
+    return ScoreOutcome(value, extras)
+
+
+def finite_float(value: Any) -> float | None:
+    """`value` as a finite float, or None (NaN, ±inf, an int too large for a float, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return float(value) if isinstance(value, bool) else None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def run_awaitable(awaitable: Any) -> Any:
@@ -88,21 +105,18 @@ def run_awaitable(awaitable: Any) -> Any:
     return box["value"]
 
 
-def score_worker_main(conn: Any, compute_score: Callable[..., Any]) -> None:
-    """A scoring worker process (`process_pool`): receive (data_source, solution_str, ground_truth,
-    extra_info) tuples on `conn`, send back one `ScoreOutcome` each, until the pipe closes. The
-    first message, "ready", says start-up is over, so start-up time never counts against a sample."""
-    conn.send("ready")
-    while True:
+class ScorerCall:
+    """The job handler of a scoring worker: (data_source, solution_str, ground_truth, extra_info) →
+    `ScoreOutcome`; setup errors come back as outcomes too, named by their class."""
+
+    def __init__(self, compute_score: Callable[..., Any]) -> None:
+        self.compute_score = compute_score
+
+    def __call__(self, job: tuple) -> ScoreOutcome:
         try:
-            job = conn.recv()
-        except EOFError:
-            return
-        try:
-            outcome = call_scorer(compute_score, *job)
-        except UnknownDataSourceError as err:
-            outcome = ScoreOutcome(0.0, {}, "UnknownDataSourceError", str(err))
-        conn.send(outcome)
+            return call_scorer(self.compute_score, *job)
+        except (UnknownDataSourceError, SandboxUnavailableError) as err:
+            return ScoreOutcome(0.0, {}, type(err).__name__, str(err))
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -26,7 +26,7 @@ from stratarl.rollout.engine_loop import Finished
 from stratarl.rollout.interface import FinishReason, GenerationRequest, GenerationResult
 from stratarl.rollout.kv_cache import PrefillCache, SlotKVCache
 from stratarl.rollout.prefix_store import Prefix, PrefixStore
-from stratarl.rollout.sampling import RowSampling, draw_uniforms, next_tokens
+from stratarl.rollout.sampling import RowSampling, banned_tokens, draw_uniforms, next_tokens
 from stratarl.rollout.stopping import StopRule
 
 
@@ -175,12 +175,8 @@ class EngineCore:
         ids, mask = ids.to(self.device), mask.to(self.device)
         P = ids.shape[1]
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # [g, P]
-        causal = torch.ones(P, P, dtype=torch.bool, device=self.device).tril()
-        # padding queries attend to themselves only, so that no softmax row is empty (NaN-free)
-        eye = torch.eye(P, dtype=torch.bool, device=self.device)
-        attend = (causal[None] & mask.bool()[:, None, :]) | eye[None]  # [g, P, P]
         cache = PrefillCache()
-        logits = self._forward(ids, attend[:, None], positions, cache, logits_to_keep=1)  # [g, V]
+        logits = self._forward(ids, mask, positions, cache, logits_to_keep=1)  # [g, V]
         self.prefilled_tokens += int(mask.sum())
         return [
             Prefix(
@@ -199,9 +195,8 @@ class EngineCore:
         L0, S = len(past.tokens), len(prompt) - len(past.tokens)
         ids = torch.tensor([prompt[L0:]], dtype=torch.int64, device=self.device)
         positions = torch.arange(L0, L0 + S, device=self.device)[None]  # [1, S]
-        attend = torch.ones(S, L0 + S, dtype=torch.bool, device=self.device).tril(diagonal=L0)
-        cache = PrefillCache(past=past.kv)
-        logits = self._forward(ids, attend[None, None], positions, cache, logits_to_keep=1)
+        cache = PrefillCache(past=past.kv)  # every column is attended: no 2D mask
+        logits = self._forward(ids, None, positions, cache, logits_to_keep=1)
         self.prefilled_tokens += S
         return Prefix(prompt, cache.layers, logits[0])
 
@@ -209,7 +204,10 @@ class EngineCore:
     def _sample_and_retire(self) -> tuple[Tensor, Finished]:
         sampling = RowSampling.from_params([r.request.sampling for r in self.rows], self.device)
         uniforms = draw_uniforms([r.generator for r in self.rows], self.shared_generator, self.device)
-        tokens, log_probs = next_tokens(self.logits, sampling, uniforms)  # [n], [n]
+        banned = banned_tokens(  # stop ids of rows short of their min_tokens
+            [r.rule.banned_ids(len(r.tokens)) for r in self.rows], self.logits.shape[-1], self.device
+        )
+        tokens, log_probs = next_tokens(self.logits, sampling, uniforms, banned)  # [n], [n]
         done: list[int] = []
         finished: Finished = []
         for i, (row, token, log_prob) in enumerate(
@@ -251,7 +249,7 @@ class EngineCore:
     def _decode(self, tokens: Tensor) -> None:
         """Feed each running row its last sampled token at its next position; keep the next logits."""
         self.cache.ensure_columns(1)
-        attend = self.cache.decode_mask()  # [n, 1, 1, span]
+        attend = self.cache.decode_mask()  # [n, span]
         positions = torch.tensor([[r.next_position] for r in self.rows], device=self.device)  # [n, 1]
         self.logits = self._forward(tokens[:, None], attend, positions, self.cache)
         self.cache.advance()
@@ -259,17 +257,16 @@ class EngineCore:
             row.next_position += 1
 
     def _forward(
-        self, ids: Tensor, attend: Tensor, positions: Tensor, cache, logits_to_keep: int = 1
+        self, ids: Tensor, attention_mask: Tensor | None, positions: Tensor, cache, logits_to_keep: int = 1
     ) -> Tensor:
-        # A ready 4D mask per layer type bypasses the model's own mask construction. It is additive
-        # (0 or the dtype's lowest value), built once per forward: SDPA would otherwise convert a
-        # boolean mask in every layer, and eager attention adds the mask to the scores.
-        dtype = next(self.model.parameters()).dtype
-        bias = torch.zeros(attend.shape, dtype=dtype, device=attend.device)
-        masks = {"full_attention": bias.masked_fill_(~attend, torch.finfo(dtype).min)}
+        """Next-token logits [b, V] after the last fed token of each row.
+
+        attention_mask: [b, kv columns] 1 where a row may attend (None: everywhere). The model turns it
+        into its causal / sliding-window masks with `transformers.masking_utils`, which ask the cache
+        where the queries and keys sit, so every architecture masks as it does in HF `generate`."""
         out = self.model(
             input_ids=ids,
-            attention_mask=masks,
+            attention_mask=attention_mask,
             position_ids=positions,
             use_cache=True,
             logits_to_keep=logits_to_keep,

@@ -33,6 +33,11 @@ class SamplingParams:
     seed: a request with a seed draws its randomness from its own torch.Generator, so the same
         prompt and seed give the same response whatever else is in the batch; None draws from the
         engine's generator. Give each of a prompt's n samples its own seed, or they are identical.
+    ignore_eos: the engine's EOS ids do not end the response (an EOS sampled is kept as an ordinary
+        token); stop_token_ids and stop strings still do (vLLM's `ignore_eos`).
+    min_tokens: no response ends before this many tokens: until then the EOS and stop ids are never
+        sampled and stop strings are not checked (vLLM's `min_tokens`). With ignore_eos, or with
+        min_tokens = max_tokens, every response has exactly max_tokens tokens (fixed-length runs).
     """
 
     temperature: float = 1.0
@@ -42,6 +47,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -52,6 +59,11 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be >= -1 (0 or -1 = off), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens must be in [0, max_tokens={self.max_tokens}], "
+                f"got {self.min_tokens}"
+            )
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):

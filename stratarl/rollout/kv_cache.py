@@ -7,8 +7,15 @@ own tokens start (`start[r]`), so a decode step writes all n new tokens into col
 once, without the per-step copy of a concatenating cache. A row joins by copying its prompt's KV
 into the columns just before `cursor` (the same block copied n ways for n samples of one prompt),
 and leaves by moving the last row into its slot. Buffers start zeroed: masked columns must hold
-finite values (SDPA adds the mask to Q·Kᵀ, and NaN + (−∞) is NaN). Both classes are duck-typed HF
-caches: the model's attention layers call `update(k, v, layer_idx)` and attend over what it returns.
+finite values (SDPA adds the mask to Q·Kᵀ, and NaN + (−∞) is NaN).
+
+Both classes speak the part of transformers' `Cache` protocol that a model's forward and
+`transformers.masking_utils` read: attention layers call `update(k, v, layer_idx)` and attend over
+what it returns; mask construction asks `get_query_offset` (where the queries sit) and
+`get_mask_sizes` (how many key columns, from where). The model then builds its own masks — causal,
+sliding-window, per layer type — from the engine's 2D mask over those columns, as in HF `generate`.
+A row's tokens sit in consecutive columns, so a distance in columns is a distance in positions and a
+sliding window measured in columns is the model's window.
 """
 
 from __future__ import annotations
@@ -34,8 +41,20 @@ class PrefillCache:
         self.layers.append((key, value))
         return key, value
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
+    @property
+    def past_length(self) -> int:
         return 0 if self.past is None else self.past[0][0].shape[2]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.past_length
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """The fed tokens follow the past: queries sit at columns past_length, past_length + 1, …"""
+        return self.past_length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """(kv_length, kv_offset): attention spans the past and the fed tokens, from column 0."""
+        return self.past_length + query_length, 0
 
 
 class SlotKVCache:
@@ -66,15 +85,24 @@ class SlotKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.cursor - self.span_start
 
+    # Mask sizes count columns from lo, the span `update` returns: the query (column `cursor`) sits
+    # at cursor − lo, and keys run over the cursor − lo + 1 columns [lo, cursor].
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.cursor - self._lo
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.cursor - self._lo + query_length, 0
+
     def decode_mask(self) -> Tensor:
-        """[n, 1, 1, cursor + 1 - lo] bool: row r attends to its own columns and the one being written.
+        """[n, cursor + 1 - lo] bool over columns [lo, cursor]: row r attends to its own columns and
+        the one being written (the 2D mask the model builds its attention masks from).
 
         Also fixes the span the next `update` calls return; call it once before each decode forward,
         after `ensure_columns(1)`.
         """
         self._lo = self.span_start
         columns = torch.arange(self._lo, self.cursor + 1, device=self.start.device)
-        return (columns[None, :] >= self.start[: self.num_rows, None])[:, None, None, :]
+        return columns[None, :] >= self.start[: self.num_rows, None]
 
     def advance(self) -> None:
         """The decode step wrote column `cursor`; the next one writes the column after it."""

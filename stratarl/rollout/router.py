@@ -13,7 +13,6 @@ the same methods can stand in for one later. Weight sync goes to every replica, 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -135,14 +134,6 @@ class RolloutRouter:
             return await self.replicas[index].generate_async(request)
         finally:
             self._done(index)
-
-    def generate_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Every request through the async path at once (what an agent loop does), in order."""
-
-        async def run_all() -> list[GenerationResult]:
-            return list(await asyncio.gather(*(self.generate_async(r) for r in requests)))
-
-        return asyncio.run(run_all())
 
     # --- weights -------------------------------------------------------------------------------
     def load_weights(

@@ -13,7 +13,9 @@ trainer recomputes with a teacher-forced forward (verl's actor divides the logit
 temperature and takes log_softmax), so with top_k off and top_p = 1 the rollout log-prob equals the
 trainer's old log-prob up to numerics, and `rollout_log_probs` can stand in for `old_log_probs`.
 With top-k/top-p on, the tokens come from the truncated distribution but the reported number is
-still the full-vocabulary one, the same quantity the trainer computes (see docs/rollout.md).
+still the full-vocabulary one, the same quantity the trainer computes (see docs/rollout.md). Tokens
+banned for a row (its stop ids before `min_tokens`) are treated the same way: never drawn, and the
+reported log-prob is still the full-vocabulary one.
 
 Randomness: one uniform u ∈ [0, 1) per row and step, turned into a token by inverting the CDF of the
 processed distribution, so a row's draw depends only on its own generator.
@@ -102,16 +104,33 @@ def sampled_log_probs(scaled_logits: Tensor, tokens: Tensor) -> Tensor:
     return torch.log_softmax(scaled_logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def next_tokens(logits: Tensor, rows: RowSampling, uniforms: Tensor) -> tuple[Tensor, Tensor]:
-    """One decoding step for n rows: (tokens [n] int64, log-probs [n] float32 by the module's rule)."""
+def next_tokens(
+    logits: Tensor, rows: RowSampling, uniforms: Tensor, banned: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """One decoding step for n rows: (tokens [n] int64, log-probs [n] float32 by the module's rule).
+    banned [n, V] bool: tokens a row must not draw now (None: none)."""
     # logits [n, V] at the last position, uniforms [n]
     scaled = scale_by_temperature(logits, rows.temperature)
+    allowed = scaled if banned is None else scaled.masked_fill(banned, float("-inf"))
     needs_filter = bool(((rows.top_k > 0) | (rows.top_p < 1.0)).any())
-    processed = mask_top_k_top_p(scaled, rows.top_k, rows.top_p) if needs_filter else scaled
+    processed = mask_top_k_top_p(allowed, rows.top_k, rows.top_p) if needs_filter else allowed
     sampled = sample_from_uniform(processed, uniforms)
-    greedy = scaled.argmax(dim=-1)
+    greedy = allowed.argmax(dim=-1)
     tokens = torch.where(rows.temperature > 0, sampled, greedy)
     return tokens, sampled_log_probs(scaled, tokens)
+
+
+def banned_tokens(
+    banned_ids: Sequence[frozenset[int]], vocab_size: int, device: torch.device | str
+) -> Tensor | None:
+    """[n, V] bool, True where row i must not draw a token (its `banned_ids[i]`); None when no row
+    bans any."""
+    if not any(banned_ids):
+        return None
+    mask = torch.zeros(len(banned_ids), vocab_size, dtype=torch.bool)
+    for row, ids in enumerate(banned_ids):
+        mask[row, [i for i in ids if i < vocab_size]] = True
+    return mask.to(device)
 
 
 def draw_uniforms(

@@ -34,10 +34,34 @@ from stratarl.rollout.weight_sync import (
     tensor_bytes,
 )
 
+SERVED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def check_architecture(config) -> None:
+    """Refuse, naming the config field, a model whose layers the slot KV cache cannot serve.
+
+    Full and sliding-window attention both attend over KV columns, masked by the model's own
+    `masking_utils` (a window is a distance in columns, which is one in positions within a row).
+    Chunked attention (Llama 4) cuts at multiples of the absolute position, which the shared column
+    timeline does not encode per row; linear-attention and recurrent layers keep a state, not KV."""
+    layer_types = getattr(config, "layer_types", None) or []
+    others = sorted(set(layer_types) - set(SERVED_LAYER_TYPES))
+    if others:
+        raise NotImplementedError(
+            f"{config.model_type}: config.layer_types holds {others}; the torch rollout engine serves "
+            f"{' and '.join(SERVED_LAYER_TYPES)} layers only (chunked attention masks by absolute-position "
+            "chunks, linear/recurrent layers keep a state instead of KV columns)"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise NotImplementedError(
+            f"{config.model_type}: config.use_bidirectional_attention is set; generation needs causal "
+            "attention"
+        )
+
 
 class TorchRolloutEngine(SteppedEngine):
-    """A `RolloutEngine` over an in-process HF causal LM (any `AutoModelForCausalLM` without
-    sliding-window layers).
+    """A `RolloutEngine` over an in-process HF causal LM (any `AutoModelForCausalLM` whose layers are
+    full or sliding-window attention: `check_architecture`).
 
     eos_token_ids: ids that end every request (the tokenizer's EOS, e.g. `<|im_end|>`).
     pad_token_id: fills left padding inside prefills (never visible in results).
@@ -65,11 +89,7 @@ class TorchRolloutEngine(SteppedEngine):
         detokenize: Detokenize | None = None,
         replica_id: int = 0,
     ) -> None:
-        layer_types = getattr(model.config, "layer_types", None) or []
-        if any(t != "full_attention" for t in layer_types):
-            raise NotImplementedError(
-                f"layer types {sorted(set(layer_types))}: only full attention is supported"
-            )
+        check_architecture(model.config)
         if dtype is not None:
             model.to(dtype)
         self.model = model

@@ -15,6 +15,7 @@ over the kept tokens while the torch engine reports the full-vocabulary value (d
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from stratarl.engine.lora import AdapterUpdate, apply_adapter_update
 from stratarl.rollout.engine_loop import Finished, SteppedEngine
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
 from stratarl.rollout.weight_sync import (
@@ -34,6 +36,7 @@ from stratarl.rollout.weight_sync import (
     WeightSyncError,
     parameter_checksum,
     push_weights,
+    tensor_bytes,
     value_checksum,
 )
 
@@ -98,6 +101,7 @@ class VllmRolloutEngine(SteppedEngine):
         self._ids = itertools.count()
         self._version = 0
         self._update: dict | None = None
+        self._adapter_base: dict[str, Tensor] | None = None  # LoRA: the base weights, HF names
 
     @property
     def weight_version(self) -> int:
@@ -144,15 +148,19 @@ class VllmRolloutEngine(SteppedEngine):
         self._pending, self._running = [], {}
 
     def _sampling(self, p: SamplingParams):
+        eos = () if p.ignore_eos else self.eos_token_ids
         return self._vllm.SamplingParams(
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k if p.top_k > 0 else -1,
             max_tokens=p.max_tokens,
+            min_tokens=p.min_tokens,
             seed=p.seed,
-            stop_token_ids=list(self.eos_token_ids + p.stop_token_ids),
+            stop_token_ids=list(eos + p.stop_token_ids),
             stop=list(p.stop) or None,
-            ignore_eos=True,  # only eos_token_ids and the request's stop ids end a response
+            # vLLM's own EOS handling stays off: exactly eos_token_ids (unless the request ignores
+            # them) and the request's stop ids end a response, as in the torch engine
+            ignore_eos=True,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=self.has_tokenizer,
         )
@@ -193,6 +201,31 @@ class VllmRolloutEngine(SteppedEngine):
         return push_weights(state_dict, [self], version=version, bucket_bytes=bucket_bytes, partial=partial)[
             0
         ]
+
+    def load_adapter(
+        self,
+        update: AdapterUpdate,
+        version: int,
+        *,
+        base: Mapping[str, Tensor] | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> WeightLoadReport:
+        """Serve a LoRA policy as `version`, W' = W₀ + s·B·A, when only A, B and s travel (the torch
+        engine's contract: the first call brings `base`, the full base state dict, later calls the
+        adapter alone). The engine keeps the base tensors it was given and reloads the merged model
+        in place: vLLM fuses q/k/v and gate/up and, on CPU, repacks linear weights into its kernel
+        format, so a module cannot be reloaded alone. The report's num_bytes counts what travelled."""
+        if base is not None:
+            self._adapter_base = dict(base)
+        if self._adapter_base is None or any(f"{m}.weight" not in self._adapter_base for m in update.lora_a):
+            raise WeightSyncError(
+                f"the adapter covers modules {sorted(update.lora_a)[:10]} whose base weights this engine "
+                "does not hold: the first load_adapter brings the base (base=...)"
+            )
+        merged = apply_adapter_update(self._adapter_base, update)
+        report = self.load_weights(merged, version, bucket_bytes=bucket_bytes)
+        sent = update.num_bytes + (tensor_bytes(base) if base is not None else 0)
+        return dataclasses.replace(report, num_bytes=sent)
 
     def check_weights(self, state_dict: Mapping[str, Tensor]) -> None:
         """vLLM fuses tensors (q/k/v, gate/up), so names are checked by its loader and the checksum."""
@@ -256,7 +289,7 @@ class VllmRolloutEngine(SteppedEngine):
                 f"over {names[:5]}… for version {update.version}"
             )
         self._version = update.version
-        return WeightLoadReport(update.version, update.num_tensors, -1, update.sent)
+        return WeightLoadReport(update.version, update.num_tensors, -1, update.sent, update.num_bytes)
 
     # --- sleep / wake ----------------------------------------------------------------------------
     @property
@@ -317,12 +350,14 @@ class _Update:
         self.compared: set[str] = set()  # their names
         self.loaded: set[str] = set()  # vLLM parameter names its loader filled
         self.num_tensors = 0
+        self.num_bytes = 0  # what travelled into this engine
 
     def add(self, bucket: Sequence[TensorSlice]) -> dict[str, Tensor]:
         """Take a bucket; return the tensors it completed."""
         complete = {}
         for piece in bucket:
             self.sent += parameter_checksum({piece.name: piece.tensor})
+            self.num_bytes += piece.tensor.numel() * piece.tensor.element_size()
             pieces = self.waiting.setdefault(piece.name, [])
             pieces.append(piece)
             if sum(len(p.tensor) if p.tensor.dim() else 1 for p in pieces) == piece.total_rows:

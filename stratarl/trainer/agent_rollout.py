@@ -6,14 +6,16 @@ generate …) and lays the finished trajectories out as the same batch edge the 
 writes — `prompts`, `responses` (assistant AND observation tokens), `input_ids`, `attention_mask`,
 `position_ids`, `response_mask` (1 on sampled tokens only), `rollout_log_probs` (0 under mask 0),
 `weight_version`, `finish_reason` — plus `num_turns` and `agent_record`, one JSON record per row
-(turns, tool calls with name/arguments/result/duration/error, stop reason; DESIGN.md §4). With
-`agent.streaming_reward` each episode is scored as it finishes and `token_level_scores` is written
+(turns, tool calls with name/arguments/result/duration/error/failure, stop reason; DESIGN.md §4).
+Tool calls run in worker processes under `agent.tool_timeout_s` (`agent.isolation`) unless
+`agent.tools_in_process`. With `agent.streaming_reward` each episode's rule score is computed as it
+finishes, the other reward sources are added when all are done, and `token_level_scores` is written
 too (the trainer then skips its reward phase).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,22 +23,24 @@ import numpy as np
 
 from stratarl.agent.batch_edge import trajectories_to_batch
 from stratarl.agent.interactions.base import Interaction, load_interactions
+from stratarl.agent.isolation import InteractionRunner, ProcessToolRunner, ThreadToolRunner
 from stratarl.agent.metrics import agent_metrics
 from stratarl.agent.rendering import ChatRenderer
 from stratarl.agent.runner import AGENT_LOOPS, AgentLoopRunner
-from stratarl.agent.scoring import StreamingScorer
+from stratarl.agent.scoring import StreamingScorer, solution_text
 from stratarl.agent.tool_loop import LoopLimits
 from stratarl.agent.tools.base import Tool
 from stratarl.agent.tools.registry import load_tools
 from stratarl.agent.trajectory import Trajectory
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import PolicyHandle
 from stratarl.config import ConfigError, RunConfig
 from stratarl.config.schema_agent import agent_problems
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.reward.batch_scorer import RewardResult
-from stratarl.reward.process_pool import ScoringPool
+from stratarl.reward.manager import RewardManager
+from stratarl.reward.token_scores import place_on_last_token
 from stratarl.rollout.interface import SamplingParams
-from stratarl.trainer.phases import ROLLOUT_FIELDS, reward_extra_columns
+from stratarl.trainer.phases import ROLLOUT_FIELDS, reward_inputs, with_reward_columns
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.field_checks import validate
 
@@ -60,37 +64,51 @@ class AgentRollout:
     tools: dict[str, Tool] = field(default_factory=dict)
     interactions: dict[str, Interaction] = field(default_factory=dict)
     default_agent: str = "tool_agent"
-    compute_score: Callable[..., Any] | None = None  # set: score while generating (streaming)
-    reward_workers: int = 2
-    reward_timeout_s: float = 10.0
-    _pool: ScoringPool | None = field(default=None, repr=False)
+    streaming_reward: bool = False  # score each episode while the others still generate
+    tool_runner: ProcessToolRunner | ThreadToolRunner | None = None
+    interaction_runner: InteractionRunner | None = None
 
-    def runner(self, worker: PolicyWorker) -> AgentLoopRunner:
+    def runner(self, worker: PolicyHandle) -> AgentLoopRunner:
         """A runner on the worker's rollout engine (it serves the weights of the last sync)."""
         return AgentLoopRunner(
-            worker.rollout, self.renderer, self.limits, self.tools, self.interactions, self.default_agent
+            worker.rollout,
+            self.renderer,
+            self.limits,
+            self.tools,
+            self.interactions,
+            self.default_agent,
+            tool_runner=self.tool_runner,
+            interaction_runner=self.interaction_runner,
         )
 
     def run(
-        self, worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, seed: int | None
+        self,
+        worker: PolicyHandle,
+        batch: DataProto,
+        sampling: SamplingParams,
+        seed: int | None,
+        rewards: RewardManager | None = None,
     ) -> tuple[list[Trajectory], RewardResult | None]:
-        """One finished trajectory per row, and their rewards when scored while generating."""
+        """One finished trajectory per row, and their rule scores when scored while generating."""
         rows = episode_rows(batch)
-        if self.compute_score is None:
+        if not (self.streaming_reward and rewards is not None and rewards.streams_rule):
             return self.runner(worker).run_sync(rows, sampling, seed=seed), None
-        if self._pool is None:  # started once: spawning scorer processes costs seconds
-            self._pool = ScoringPool(
-                self.compute_score, num_workers=self.reward_workers, timeout_s=self.reward_timeout_s
-            )
-        scorer = StreamingScorer(self._pool, self.renderer.tokenizer)
+        scorer = StreamingScorer(rewards, self.renderer.tokenizer)
         trajectories = self.runner(worker).run_sync(rows, sampling, seed=seed, on_finished=scorer)
         return trajectories, scorer.result()
 
     def generate(
-        self, worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, *, seed: int | None
+        self,
+        worker: PolicyHandle,
+        batch: DataProto,
+        sampling: SamplingParams,
+        *,
+        seed: int | None,
+        rewards: RewardManager | None = None,
     ) -> tuple[DataProto, dict[str, float]]:
-        """The rollout phase for N rows: (batch with the rollout fields, agent and reward metrics)."""
-        trajectories, scored = self.run(worker, batch, sampling, seed)
+        """The rollout phase for N rows: (batch with the rollout fields, agent and reward metrics).
+        With `streaming_reward` and `rewards`, the rows come back scored (`token_level_scores`)."""
+        trajectories, scored = self.run(worker, batch, sampling, seed, rewards)
         tensors, records = trajectories_to_batch(
             trajectories,
             pad_token_id=self.renderer.tokenizer.pad_token_id,
@@ -100,27 +118,33 @@ class AgentRollout:
             "finish_reason": _objects([_finish_reason(t) for t in trajectories]),
             "agent_record": _objects(records),
         }
-        batch = batch.union(DataProto.from_dict(tensors, non_tensors))
+        batch = batch.union(
+            DataProto.from_dict({k: v for k, v in tensors.items() if k != "token_level_scores"}, non_tensors)
+        )
         writes = [*ROLLOUT_FIELDS, "rollout_log_probs", "weight_version"]
         metrics = agent_metrics(trajectories)
-        if scored is not None:
-            batch = batch.union(DataProto.from_dict(reward_extra_columns(scored, batch)))
+        if scored is not None and rewards is not None:
+            texts = [solution_text(self.renderer.tokenizer, t) for t in trajectories]
+            result = rewards.combine(scored, reward_inputs(batch, texts))
+            scores = place_on_last_token(result.scores, batch["response_mask"])  # [N, T]
+            batch = with_reward_columns(
+                batch.union(DataProto.from_dict({"token_level_scores": scores})), result
+            )
             writes.append("token_level_scores")
-            metrics |= scored.metrics()
+            metrics |= result.metrics()
         validate(batch, writes=writes, phase="rollout")
         return batch, metrics
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        """Stop the tool workers and the interactions' loop."""
+        for runner in (self.tool_runner, self.interaction_runner):
+            if runner is not None:
+                runner.close()
 
 
-def build_agent_rollout(
-    cfg: RunConfig, tokenizer: Any, compute_score: Callable[..., Any] | None
-) -> AgentRollout | None:
-    """The agent rollout of `cfg.agent`, or None when `agent.enable` is false (single-turn).
-    `compute_score` is used only with `agent.streaming_reward` (in scoring processes: picklable)."""
+def build_agent_rollout(cfg: RunConfig, tokenizer: Any) -> AgentRollout | None:
+    """The agent rollout of `cfg.agent`, or None when `agent.enable` is false (single-turn). Its tool
+    calls run in `agent.tool_workers` processes (started here) unless `agent.tools_in_process`."""
     a = cfg.agent
     problems = agent_problems(a, adv_estimator=cfg.algorithm.adv_estimator)
     if problems:
@@ -133,20 +157,31 @@ def build_agent_rollout(
         max_user_turns=a.max_user_turns,
         max_parallel_calls=a.max_parallel_calls,
         tool_timeout_s=a.tool_timeout_s,
+        interaction_timeout_s=a.interaction_timeout_s,
         max_tool_response_chars=a.max_tool_response_chars,
         truncate_side=a.truncate_side,
         on_parse_error=a.on_parse_error,
         tool_format=a.tool_format,
     )
+    tools = load_tools(a.tool_config_path) if a.tool_config_path else {}
+    if a.tools_in_process or not tools:
+        tool_runner = ThreadToolRunner(timeout_s=a.tool_timeout_s)
+    else:
+        tool_runner = ProcessToolRunner(
+            tools,
+            num_workers=a.tool_workers,
+            timeout_s=a.tool_timeout_s,
+            max_output_bytes=a.max_tool_output_bytes,
+        )
     return AgentRollout(
         renderer=ChatRenderer(tokenizer),
         limits=limits,
-        tools=load_tools(a.tool_config_path) if a.tool_config_path else {},
+        tools=tools,
         interactions=load_interactions(a.interaction_config_path) if a.interaction_config_path else {},
         default_agent=a.default_agent,
-        compute_score=compute_score if a.streaming_reward else None,
-        reward_workers=a.reward_workers,
-        reward_timeout_s=cfg.reward.timeout_s,
+        streaming_reward=a.streaming_reward,
+        tool_runner=tool_runner,
+        interaction_runner=InteractionRunner(timeout_s=a.interaction_timeout_s),
     )
 
 

@@ -18,7 +18,7 @@ from stratarl.agent.evaluation import run_and_score
 from stratarl.agent.metrics import agent_metrics
 from stratarl.agent.scoring import solution_text
 from stratarl.agent.trajectory import Trajectory
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import PolicyHandle
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer import phases
@@ -38,7 +38,7 @@ def tool_call_success_rate(trajectories: Sequence[Trajectory]) -> float | None:
 
 def run_agent_validation(
     agent: AgentRollout,
-    worker: PolicyWorker,
+    worker: PolicyHandle,
     dataset: PromptDataset,
     *,
     tokenizer: Any,
@@ -69,6 +69,8 @@ def run_agent_validation(
                     "step": step,
                     "source_row": int(batch["source_row"][i]),
                     "data_source": batch["data_source"][i],
+                    "prompt": tokenizer.decode(batch["raw_prompt_ids"][i]),
+                    "ground_truth": batch["ground_truth"][i],
                     "response": solution_text(tokenizer, t, include_observations=True),
                     "reward": scores[i],
                     "acc": accs[i],

@@ -1,22 +1,37 @@
 """Layer 2, control flow: builders that turn the run config into components and plain arguments.
 
-Config stops here (STYLE.md principle 4): everything below the trainer receives keyword arguments.
+Config stops here (STYLE.md principle 4): everything below the trainer receives typed specs
+(`cluster.specs`: one per role, the same in one process and on Ray) or plain keyword arguments.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-from transformers import AutoTokenizer
+import torch
 
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.kl_control import KLController, make_kl_controller
-from stratarl.cluster.critic_worker import CriticWorker
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.critic_group import CriticWorkerGroup
+from stratarl.cluster.specs import (
+    ActorSpec,
+    BatchingSpec,
+    CriticSpec,
+    LoraSpec,
+    ModelSpec,
+    OptimizerSettings,
+    PolicySpec,
+    PrecisionSpec,
+    ReferenceSpec,
+    RolloutEngineSpec,
+)
+from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
+from stratarl.data import tokenizer_loading
 from stratarl.data.collate import collate_prompts
 from stratarl.data.prompt_dataset import PromptDataset, load_prompt_dataset
 from stratarl.reward.custom import load_custom_scorer
@@ -26,13 +41,12 @@ from stratarl.trainer.actor_loss import ActorLoss
 from stratarl.trainer.critic_loss import ValueLoss
 from stratarl.transport.data_proto import DataProto
 
-if TYPE_CHECKING:  # the Ray backend imports ray: only when cluster.backend=ray asks for it
-    from stratarl.cluster.critic_group import CriticWorkerGroup
-    from stratarl.cluster.worker_group import PolicyWorkerGroup
-
 
 def load_tokenizer(cfg: RunConfig) -> Any:
-    return AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+    """The policy's tokenizer, with a pad token (`data.tokenizer_loading`)."""
+    return tokenizer_loading.load_tokenizer(
+        cfg.model.tokenizer_path or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
+    )
 
 
 def eos_token_ids(tokenizer: Any) -> list[int]:
@@ -75,19 +89,105 @@ def prompts_batch(dataset: PromptDataset, indices: list[int], pad_token_id: int)
     return DataProto.from_dict(non_tensors=batch.non_tensors)
 
 
+def resolve_device(cfg: RunConfig) -> str:
+    """cluster.device with auto resolved: cuda when this process sees CUDA (in-process) or when the
+    training workers reserve GPUs (ray); cpu otherwise. (Validation refuses cuda without CUDA.)"""
+    c = cfg.cluster
+    if c.device != "auto":
+        return c.device
+    if c.backend == "ray":
+        return "cuda" if c.gpus_per_training_worker > 0 else "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def model_spec(cfg: RunConfig, path: str) -> ModelSpec:
+    m = cfg.model
+    return ModelSpec(
+        path=path,
+        dtype=m.dtype,
+        trust_remote_code=m.trust_remote_code,
+        device=resolve_device(cfg),
+        gradient_checkpointing=m.gradient_checkpointing,
+    )
+
+
+def precision_spec(fsdp: Any) -> PrecisionSpec:
+    """actor.fsdp / critic.fsdp."""
+    return PrecisionSpec(
+        param_dtype=fsdp.param_dtype,
+        offload_params=fsdp.offload_params,
+        reshard_after_forward=fsdp.reshard_after_forward,
+    )
+
+
+def rollout_engine_spec(cfg: RunConfig) -> RolloutEngineSpec:
+    r = cfg.rollout
+    return RolloutEngineSpec(
+        backend=r.backend,
+        seed=cfg.trainer.seed,
+        max_num_seqs=r.trajectories_per_generate_batch or None,  # 0: no bound of ours
+        max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,  # P + T
+    )
+
+
+def policy_spec(
+    cfg: RunConfig, tokenizer: Any, *, total_steps: int, model_path: str | None = None
+) -> PolicySpec:
+    """The policy's spec (actor, rollout engine, reference, LoRA, precision) from the config; it
+    builds the same `PolicyWorker` in this process and on every Ray rank."""
+    actor, reference, lora = cfg.actor, cfg.reference, cfg.actor.lora
+    optimizer = OptimizerSettings(
+        lr=actor.lr,
+        weight_decay=actor.weight_decay,
+        betas=tuple(actor.betas),
+        grad_clip=actor.grad_clip,
+        lr_schedule=actor.lr_schedule,
+        warmup_steps=actor.warmup_steps,
+        total_steps=total_steps,
+        min_lr_ratio=actor.min_lr_ratio,
+    )
+    batching = BatchingSpec(
+        actor.trajectories_per_micro_batch, actor.max_tokens_per_micro_batch, actor.layout
+    )
+    reference_batching = BatchingSpec(
+        reference.trajectories_per_micro_batch, reference.max_tokens_per_micro_batch, reference.layout
+    )
+    targets = lora.target_modules
+    return PolicySpec(
+        model=model_spec(cfg, model_path or cfg.model.path),
+        eos_token_ids=tuple(eos_token_ids(tokenizer)),
+        pad_token_id=tokenizer.pad_token_id,
+        actor=ActorSpec(optimizer, batching, actor.logit_chunk_size, temperature=cfg.rollout.temperature),
+        rollout=rollout_engine_spec(cfg),
+        reference=ReferenceSpec(reference_batching, reference.logit_chunk_size)
+        if cfg.uses_reference
+        else None,
+        lora=LoraSpec(lora.rank, lora.alpha, targets if isinstance(targets, str) else tuple(targets))
+        if lora.rank > 0
+        else None,
+        precision=precision_spec(actor.fsdp),
+    )
+
+
+def process_group_backend(cfg: RunConfig) -> str:
+    """The torch.distributed backend of the training ranks: nccl when their models are on GPUs."""
+    return "nccl" if resolve_device(cfg) == "cuda" else "gloo"
+
+
 def build_policy_worker(
     cfg: RunConfig, tokenizer: Any, *, total_steps: int, model_path: str | None = None
-) -> PolicyWorker | PolicyWorkerGroup:
-    """The policy's handle: one `PolicyWorker` in this process (cluster.backend=in-process), or a
-    worker group of Ray processes placed by cluster.placement — the trainer calls both the same way."""
-    kwargs = policy_worker_kwargs(cfg, tokenizer, total_steps=total_steps, model_path=model_path)
-    if cfg.cluster.backend != "ray":
-        return PolicyWorker(**kwargs)
+) -> PolicyWorkerGroup:
+    """The policy's handle: a worker group of one `PolicyWorker` in this process
+    (cluster.backend=in-process), or of Ray processes placed by cluster.placement — the trainer calls
+    both the same way, and both build their workers from the same `PolicySpec`."""
+    spec = policy_spec(cfg, tokenizer, total_steps=total_steps, model_path=model_path)
+    c = cfg.cluster
+    if c.backend != "ray":
+        return PolicyWorkerGroup.in_process(spec, threads=c.threads_per_worker)
     from stratarl.cluster.placement import WorkerSizes, make_plan
-    from stratarl.cluster.policy_rank import PolicySpec
-    from stratarl.cluster.ray_policy_group import RayPolicyGroup
+    from stratarl.cluster.ray_policy_group import start_policy_group
 
-    c, n = cfg.cluster, cfg.rollout.n
+    n = cfg.rollout.n
     sizes = WorkerSizes(
         c.training_workers,
         c.rollout_replicas,
@@ -104,57 +204,16 @@ def build_policy_worker(
     if cfg.uses_critic:  # its half of each training bundle is reserved with the plan (build_critic_worker)
         roles.append("critic")
         rows[("critic.prompts_per_mini_batch", "rollout.n")] = cfg.critic.prompts_per_mini_batch * n
-    return RayPolicyGroup(
-        PolicySpec(**kwargs),
+    return start_policy_group(
+        spec,
         make_plan(c.placement, sizes, roles),
         address=c.address,
         num_cpus=c.num_cpus,
         call_timeout_s=c.call_timeout_s,
         threads_per_worker=c.threads_per_worker,
-        backend="nccl" if c.gpus_per_training_worker > 0 else "gloo",
+        backend=process_group_backend(cfg),
         queue_units=c.transfer_queue_units,
         rows_per_rank_split=rows,
-    )
-
-
-def policy_worker_kwargs(
-    cfg: RunConfig, tokenizer: Any, *, total_steps: int, model_path: str | None = None
-) -> dict[str, Any]:
-    """The keyword arguments of `PolicyWorker` (and of each Ray rank's) from the config."""
-    actor, reference, lora = cfg.actor, cfg.reference, cfg.actor.lora
-    return dict(
-        model_path=model_path or cfg.model.path,
-        eos_token_ids=tuple(eos_token_ids(tokenizer)),
-        pad_token_id=tokenizer.pad_token_id,
-        dtype=cfg.model.dtype,
-        with_reference=cfg.uses_reference,
-        rollout_seed=cfg.trainer.seed,
-        max_num_seqs=cfg.rollout.trajectories_per_generate_batch or 1_000_000,
-        lora={"rank": lora.rank, "alpha": lora.alpha, "target_modules": lora.target_modules}
-        if lora.rank > 0
-        else None,
-        reference_kwargs={
-            "micro_batch_size": reference.trajectories_per_micro_batch,
-            "max_tokens_per_micro_batch": reference.max_tokens_per_micro_batch,
-            "layout": reference.layout,
-            "logit_chunk_size": reference.logit_chunk_size,
-        },
-        actor_kwargs={
-            "lr": actor.lr,
-            "micro_batch_size": actor.trajectories_per_micro_batch,
-            "temperature": cfg.rollout.temperature,
-            "weight_decay": actor.weight_decay,
-            "betas": tuple(actor.betas),
-            "grad_clip": actor.grad_clip,
-            "lr_schedule": actor.lr_schedule,
-            "warmup_steps": actor.warmup_steps,
-            "total_steps": total_steps,
-            "min_lr_ratio": actor.min_lr_ratio,
-            "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch,
-            "layout": actor.layout,
-            "logit_chunk_size": actor.logit_chunk_size,
-            "gradient_checkpointing": cfg.model.gradient_checkpointing,
-        },
     )
 
 
@@ -192,7 +251,12 @@ def build_actor_loss(cfg: RunConfig) -> ActorLoss:
 def train_sampling(cfg: RunConfig) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(
-        temperature=r.temperature, top_p=r.top_p, top_k=max(r.top_k, 0), max_tokens=r.max_response_tokens
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=max(r.top_k, 0),
+        max_tokens=r.max_response_tokens,
+        ignore_eos=r.ignore_eos,
+        min_tokens=r.min_response_tokens,
     )
 
 
@@ -225,55 +289,51 @@ def advantage_hyperparameters(cfg: RunConfig) -> dict[str, Any]:
 
 
 def build_critic_worker(
-    cfg: RunConfig, *, total_steps: int, policy: PolicyWorker | PolicyWorkerGroup | None = None
-) -> CriticWorker | CriticWorkerGroup:
-    """The value model: critic.model_path, else the policy's start (its body gets a fresh head). One
-    `CriticWorker` in this process (cluster.backend=in-process), or Ray ranks of its own beside the
-    policy's (`policy`, built first: its plan reserved the critic's half of each training bundle,
-    and the critic reads the rows of its TransferQueue)."""
-    kwargs = critic_worker_kwargs(cfg, total_steps=total_steps)
+    cfg: RunConfig, *, total_steps: int, policy: PolicyWorkerGroup | None = None
+) -> CriticWorkerGroup:
+    """The value model: critic.model_path, else the policy's start (its body gets a fresh head). A
+    worker group of one `CriticWorker` in this process (cluster.backend=in-process), or of Ray ranks
+    of its own beside the policy's (`policy`, built first: its plan reserved the critic's half of
+    each training bundle, and the critic reads the rows of its TransferQueue)."""
+    spec = critic_spec(cfg, total_steps=total_steps)
     if cfg.cluster.backend != "ray":
-        return CriticWorker(**kwargs)
-    from stratarl.cluster.critic_rank import CriticSpec
-    from stratarl.cluster.ray_critic_group import RayCriticGroup
-    from stratarl.cluster.ray_policy_group import RayPolicyGroup
+        return CriticWorkerGroup.in_process(spec, threads=cfg.cluster.threads_per_worker)
+    from stratarl.cluster.ray_critic_group import start_critic_beside
 
-    if not isinstance(policy, RayPolicyGroup):
+    if policy is None or policy.deployment is None:
         raise TypeError(
             "cluster.backend=ray: the critic's ranks share the policy's pools and TransferQueue; build "
             f"the policy first and pass it as policy= (got {type(policy).__name__})"
         )
-    backend = "nccl" if cfg.cluster.gpus_per_training_worker > 0 else "gloo"
-    spec = CriticSpec(**kwargs)
-    return RayCriticGroup.beside(policy, spec, backend=backend)
+    return start_critic_beside(policy, spec, backend=process_group_backend(cfg))
 
 
-def critic_worker_kwargs(cfg: RunConfig, *, total_steps: int) -> dict[str, Any]:
-    """The keyword arguments of `CriticWorker` (and of each Ray rank's) from the config."""
+def critic_spec(cfg: RunConfig, *, total_steps: int) -> CriticSpec:
+    """The critic's spec from the config; it builds the same `CriticWorker` here and on every rank."""
     c = cfg.critic
-    return dict(
-        model_path=c.model_path or cfg.model.path,
-        dtype=cfg.model.dtype,
+    optimizer = OptimizerSettings(
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        grad_clip=c.grad_clip,
+        warmup_steps=c.warmup_steps,
+        total_steps=total_steps,
+    )
+    return CriticSpec(
+        model=dataclasses.replace(
+            model_spec(cfg, c.model_path or cfg.model.path), gradient_checkpointing=c.gradient_checkpointing
+        ),
+        optimizer=optimizer,
+        batching=BatchingSpec(c.trajectories_per_micro_batch, c.max_tokens_per_micro_batch, c.layout),
+        precision=precision_spec(c.fsdp),
         # a fresh value head drawn from the run's seed: the same head in one process and on every
         # Ray rank, so both backends train the same critic
         init_seed=cfg.trainer.seed,
-        critic_kwargs={
-            "lr": c.lr,
-            "micro_batch_size": c.trajectories_per_micro_batch,
-            "weight_decay": c.weight_decay,
-            "grad_clip": c.grad_clip,
-            "warmup_steps": c.warmup_steps,
-            "total_steps": total_steps,
-            "max_tokens_per_micro_batch": c.max_tokens_per_micro_batch,
-            "layout": c.layout,
-            "gradient_checkpointing": c.gradient_checkpointing,
-        },
     )
 
 
 def build_workers(
     cfg: RunConfig, tokenizer: Any, *, total_steps: int
-) -> tuple[PolicyWorker | PolicyWorkerGroup, Any]:
+) -> tuple[PolicyWorkerGroup, CriticWorkerGroup | None]:
     """The policy's handle and, for PPO, the critic's (None otherwise). When the critic cannot start,
     the policy's processes are stopped before the error propagates: none is left behind."""
     policy = build_policy_worker(cfg, tokenizer, total_steps=total_steps)

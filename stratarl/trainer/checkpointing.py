@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from stratarl.cluster.run_checkpoint import RunCheckpoint
+from stratarl.observe.run_log import replace_atomically
+from stratarl.trainer.run_directory import RunClaim, RunDirectoryError
 
 CHECKPOINT_DIR = "checkpoints"
 LOG_FILES = ("metrics.jsonl", "trajectories.jsonl")
@@ -59,24 +61,45 @@ def load_resume_point(checkpoint: RunCheckpoint, *, mode: str, resume_from_path:
     return ResumePoint(step=loaded.step, path=loaded.path, trainer_state=loaded.trainer_state)
 
 
+def accepted_resume_point(claim: RunClaim, checkpoint: RunCheckpoint) -> ResumePoint | None:
+    """The checkpoint the run directory's claim accepted, restored (the newest complete one, or
+    trainer.resume_from_path); None for a new run. A claim to resume that finds no complete
+    checkpoint, or one of another run, is refused rather than started afresh over the old logs."""
+    if not claim.resume:
+        return None
+    mode = "resume_path" if claim.resume_from else "auto"
+    point = load_resume_point(checkpoint, mode=mode, resume_from_path=claim.resume_from)
+    if point is None:
+        raise RunDirectoryError(
+            f"{checkpoint.root} holds no complete checkpoint to resume from (see the warnings above); "
+            "choose another trainer.experiment_name, or trainer.overwrite=true"
+        )
+    claim.check_lineage(point.path, point.trainer_state.get("lineage"))
+    return point
+
+
 def truncate_logs(run_dir: Path, step: int) -> list[dict[str, Any]]:
     """Drop the records of steps after `step` (written before the run stopped, after its last
-    checkpoint) from the run's JSONL logs; returns the kept metrics records."""
+    checkpoint) from the run's JSONL logs; returns the kept metrics records.
+
+    Each log is streamed into a file beside it and renamed over it (`replace_atomically`): a kill
+    at any moment of the rewrite leaves the whole old log or the whole new one, never a part (the
+    old `write_text` truncated a 150 MB log to 0 bytes when killed while writing)."""
     kept_metrics: list[dict[str, Any]] = []
     for name in LOG_FILES:
         path = run_dir / name
         if not path.is_file():
             continue
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by the kill
-                continue
-            if int(record.get("step", 0)) <= step:
-                kept.append(line)
-                if name == "metrics.jsonl":
-                    kept_metrics.append(record)
-        path.write_text("".join(line + "\n" for line in kept))
+        with path.open() as source, replace_atomically(path) as out:
+            for line in source:
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by the kill
+                    continue
+                if int(record.get("step", 0)) <= step:
+                    out.write(line if line.endswith("\n") else line + "\n")
+                    if name == "metrics.jsonl":
+                        kept_metrics.append(record)
     return kept_metrics

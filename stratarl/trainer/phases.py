@@ -2,7 +2,7 @@
 
 Each phase reads named fields of the batch, checks them against their contracts, computes, and
 returns the batch with the fields it writes (checked too). Workers are reached through the
-`PolicyWorker` handle; the math comes from `algo/`.
+`PolicyHandle` / `CriticHandle` (`cluster/handles.py`); the math comes from `algo/`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,21 @@ import torch
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
-from stratarl.cluster.critic_worker import CriticWorker
-from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.reward.batch_scorer import RewardResult, score_batch
+from stratarl.cluster.handles import CriticHandle, PolicyHandle
+from stratarl.reward.batch_scorer import RewardResult
+from stratarl.reward.manager import RewardInputs, RewardManager, as_reward_manager
+from stratarl.reward.score_call import finite_float
 from stratarl.reward.token_scores import place_on_last_token
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.field_checks import validate
+from stratarl.transport.fields import FIELDS
 
 # Estimator argument names (the math layer's vocabulary) that differ from the batch's field names.
 ESTIMATOR_ARGUMENT_FIELDS = {"old_log_prob": "old_log_probs"}
+
+# The reward manager's per-source columns (reward.manager), shown in each trajectory record.
+REWARD_SOURCE_COLUMNS = ("rule_score", "rm_score", "remote_score", "overlong_reward")
 
 ROLLOUT_FIELDS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
 
@@ -41,7 +46,7 @@ def expand_prompts(prompts: DataProto, n: int, uid_prefix: int | str) -> DataPro
     return batch
 
 
-def generate(worker: PolicyWorker, batch: DataProto, sampling: SamplingParams, seed: int | None) -> DataProto:
+def generate(worker: PolicyHandle, batch: DataProto, sampling: SamplingParams, seed: int | None) -> DataProto:
     """Rollout: one response per session, token-in/token-out, with the weight version that made it."""
     generated = worker.generate(batch, sampling, seed=seed)
     batch = batch.union(generated)
@@ -59,38 +64,61 @@ def decode_responses(tokenizer: Any, batch: DataProto) -> list[str]:
 
 
 def reward(
-    batch: DataProto, tokenizer: Any, compute_score: Callable[..., Any]
+    batch: DataProto, tokenizer: Any, rewards: RewardManager | Callable[..., Any]
 ) -> tuple[DataProto, RewardResult, list[str]]:
-    """Score each response; the score sits on its last action token (`token_level_scores`)."""
+    """Score each response with the run's reward sources (`RewardManager`; a plain scorer function is
+    called in this process); the score sits on its last action token (`token_level_scores`), each
+    sample's failure reason (or "") in `reward_failure`."""
     validate(batch, reads=["responses", "response_mask", "data_source"], phase="reward")
     texts = decode_responses(tokenizer, batch)
-    result = score_batch(
-        list(batch["data_source"]),
-        texts,
-        list(batch["ground_truth"]),
-        list(batch["extra_info"]),
-        compute_score=compute_score,
-    )
+    result = as_reward_manager(rewards).score(reward_inputs(batch, texts))
     scores = place_on_last_token(result.scores, batch["response_mask"])  # [N, T]
-    batch = batch.union(
-        DataProto.from_dict({"token_level_scores": scores, **reward_extra_columns(result, batch)})
-    )
+    batch = with_reward_columns(batch.union(DataProto.from_dict({"token_level_scores": scores})), result)
     validate(batch, writes=["token_level_scores"], phase="reward")
     return batch, result, texts
 
 
+def reward_inputs(batch: DataProto, texts: Sequence[str]) -> RewardInputs:
+    """What the reward sources read for N rows: rule inputs, the conversation (the prompt's messages,
+    then the response as the assistant's), and each response's length in tokens (observations too)."""
+    response_width = batch["responses"].shape[1]  # T
+    prompts = batch["raw_prompt"] if "raw_prompt" in batch else [[] for _ in texts]
+    return RewardInputs(
+        data_sources=[str(s) for s in batch["data_source"]],
+        texts=list(texts),
+        ground_truths=list(batch["ground_truth"]),
+        extra_infos=list(batch["extra_info"]),
+        conversations=[
+            [*map(dict, prompt), {"role": "assistant", "content": text}]
+            for prompt, text in zip(prompts, texts, strict=True)
+        ],
+        response_lengths=batch["attention_mask"][:, -response_width:].sum(-1),
+    )
+
+
+def with_reward_columns(batch: DataProto, result: RewardResult) -> DataProto:
+    """`batch` with the scorers' numeric extras and `reward_failure` (each row's reason, "" if none)."""
+    reasons = np.array(
+        [reason or "" for reason in result.sample_failures or [None] * len(batch)], dtype=object
+    )
+    columns = reward_extra_columns(result, batch)
+    return batch.union(DataProto.from_dict(columns or None, non_tensors={"reward_failure": reasons}))
+
+
 def reward_extra_columns(result: RewardResult, batch: DataProto) -> dict[str, torch.Tensor]:
     """The scorer's numeric extra keys (e.g. `acc`) as [N] float columns, for dynamic sampling's metric
-    and GDPO's components; a key that would shadow an existing column is skipped."""
+    and GDPO's components. A row the scorer failed on has no extras: it reads 0 there. A key that
+    would shadow an existing column, or whose values are not all finite numbers, is skipped."""
     columns = {}
     for key, values in result.extra.items():
-        if key in batch or any(not isinstance(v, int | float) for v in values):
+        numbers = [finite_float(v) for v in values if v is not None]
+        if key in batch or not numbers or None in numbers:
             continue
-        columns[key] = torch.tensor([float(v) for v in values], dtype=torch.float32)
+        columns[key] = torch.tensor([0.0 if v is None else float(v) for v in values], dtype=torch.float32)
     return columns
 
 
-def old_log_prob(worker: PolicyWorker, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
+def old_log_prob(worker: PolicyHandle, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
     """log π_old of every response token under the weights that are about to be updated (and Σ_v π²,
     for the optimal-token-baseline estimators, from the same forward)."""
     validate(
@@ -104,14 +132,14 @@ def old_log_prob(worker: PolicyWorker, batch: DataProto, *, with_sum_pi_squared:
     return batch
 
 
-def ref_log_prob(worker: PolicyWorker, batch: DataProto) -> DataProto:
+def ref_log_prob(worker: PolicyHandle, batch: DataProto) -> DataProto:
     """log π_ref of every response token under the frozen reference policy."""
     batch = batch.union(worker.compute_ref_log_prob(batch))
     validate(batch, writes=["ref_log_prob"], phase="reference.log_prob")
     return batch
 
 
-def values(critic: CriticWorker, batch: DataProto) -> DataProto:
+def values(critic: CriticHandle, batch: DataProto) -> DataProto:
     """V(s_t) of every response token under the critic, before its update (`values`)."""
     validate(batch, reads=["input_ids", "attention_mask", "position_ids", "responses"], phase="critic.value")
     batch = batch.union(critic.compute_values(batch))
@@ -159,7 +187,7 @@ def advantage(
 
 
 def update_actor(
-    worker: PolicyWorker,
+    worker: PolicyHandle,
     batch: DataProto,
     loss_fn: Any,
     *,
@@ -184,7 +212,7 @@ def update_actor(
 
 
 def update_critic(
-    critic: CriticWorker,
+    critic: CriticHandle,
     batch: DataProto,
     loss_fn: Any,
     *,
@@ -201,7 +229,7 @@ def update_critic(
     return {name if "/" in name else f"critic/{name}": value for name, value in metrics.items()}
 
 
-def sync_weights(worker: PolicyWorker) -> dict[str, float]:
+def sync_weights(worker: PolicyHandle) -> dict[str, float]:
     """Actor -> rollout engine, version + 1; the engine reports what it loaded."""
     report = worker.sync_weights()
     return {
@@ -213,12 +241,14 @@ def sync_weights(worker: PolicyWorker) -> dict[str, float]:
 def trajectory_records(
     batch: DataProto, texts: Sequence[str], prompt_texts: Sequence[str], step: int
 ) -> list[dict[str, Any]]:
-    """One JSON record per trajectory: where it came from, what it said, what it earned (DESIGN §4)."""
+    """One JSON record per trajectory: where it came from, what it said, what it earned (DESIGN §4),
+    with the ground truth it was scored against and the scorer's extra values (e.g. `acc`)."""
     scores = batch["token_level_scores"].sum(-1)
     mask = batch["response_mask"].bool()
     advantages = [
         float(row[m][0]) if m.any() else 0.0 for row, m in zip(batch["advantages"], mask, strict=True)
     ]
+    extras = scorer_extra_columns(batch)
     return [
         {
             "step": step,
@@ -228,12 +258,27 @@ def trajectory_records(
             "uid": batch["uid"][i],
             "sample_index": int(batch["sample_index"][i]),
             "prompt": prompt_texts[i],
+            "ground_truth": batch["ground_truth"][i],
             "response": texts[i],
             "response_tokens": int(mask[i].sum()),
             "finish_reason": batch["finish_reason"][i],
             "reward": float(scores[i]),
+            "reward_extra": {name: float(column[i]) for name, column in extras.items()},
+            # where it came from (DESIGN §4, question 7): each source's weighted part, the penalty
+            "reward_sources": {k: float(batch[k][i]) for k in REWARD_SOURCE_COLUMNS if k in batch},
+            "reward_failure": batch["reward_failure"][i] if "reward_failure" in batch else "",
             "advantage": advantages[i],
             "weight_version": int(batch["weight_version"][i]),
         }
         for i in range(len(batch))
     ]
+
+
+def scorer_extra_columns(batch: DataProto) -> dict[str, torch.Tensor]:
+    """The [N] float columns `reward_extra_columns` added (the scorer's extra keys, e.g. `acc`):
+    those no field contract declares."""
+    return {
+        name: batch[name]
+        for name in batch.tensor_keys
+        if name not in FIELDS and batch[name].dim() == 1 and batch[name].is_floating_point()
+    }

@@ -22,7 +22,7 @@ from stratarl.config import load_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
-from stratarl.observe.run_log import RunLog
+from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.trainer import builders
 from stratarl.trainer.rl_trainer import RLTrainer, seed_everything
 from stratarl.trainer.sft import run_sft, sft_worker
@@ -141,6 +141,6 @@ def run_quickstart(
         "seed": seed,
         "run_dir": str(run_dir),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     RunLog(run_dir, console=console).print_table("quickstart summary", summary)
     return summary

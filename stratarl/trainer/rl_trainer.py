@@ -5,13 +5,15 @@
 
 Every phase is a function in `phases`, run under `observe.PhaseMonitor` (timed under verl's
 `timing_s/<phase>` names, its memory peak, its watchdog deadline) and followed by the trace fields
-it knows (`tracing.StepTracer`). The run directory receives the resolved config, metrics.jsonl,
-trajectories.jsonl, traces/ (`stratarl trace`), validation generations, the final HF-loadable
-weights and PNGs of the run's curves (`stratarl plot`); hang/ when a deadline passed.
+it knows (`tracing.StepTracer`). The run directory receives the resolved config, where the roles
+run (placement.json), metrics.jsonl, trajectories.jsonl, traces/ (`stratarl trace`), validation
+generations, the final HF-loadable weights and PNGs of the run's curves (`stratarl plot`); hang/
+when a deadline passed.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from contextlib import ExitStack
@@ -25,46 +27,38 @@ import torch
 from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 
-from stratarl.algo.aggregation import aggregate_loss
-from stratarl.algo.groups import group_ids_from_uids
-from stratarl.algo.value_loss import explained_variance
 from stratarl.cluster.run_checkpoint import RunCheckpoint
-from stratarl.config import BatchPlan, RunConfig, save_resolved_config, validate_config
+from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
-from stratarl.observe.data_metrics import data_metrics, group_signal_share, throughput_metrics
 from stratarl.observe.loggers import make_sinks
 from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.observe.plots import plot_learning_curves, plot_run
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.stack_dumps import write_error_report
-from stratarl.observe.timing import timing_metrics
-from stratarl.trainer import agent_rollout, builders, checkpointing, phases, run_watch, sampling_phases
+from stratarl.trainer import (
+    agent_rollout,
+    builders,
+    checkpointing,
+    phases,
+    preflight,
+    reward_builder,
+    run_watch,
+    sampling_phases,
+)
 from stratarl.trainer.agent_validation import run_agent_validation
-from stratarl.trainer.run_summary import summary_rows
+from stratarl.trainer.collect import BatchCollector
+from stratarl.trainer.run_directory import RunLock, claim_run_directory
+from stratarl.trainer.run_summary import summary_rows, where, write_summary
+from stratarl.trainer.step_metrics import step_metrics
 from stratarl.trainer.tracing import StepTracer, step_diagnostics
-from stratarl.trainer.validation import run_validation
+from stratarl.trainer.validation import clipping_warning, run_validation
 from stratarl.transport.data_proto import DataProto
-
-LOW_SIGNAL_SHARE = 0.1  # warn when fewer groups than this carry any reward variance
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def sum_reward_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Reward metrics of several generation rounds: failure counts add up, means are averaged."""
-    keys = {key for part in parts for key in part}
-    return {
-        key: (sum if key.startswith("reward/failures/") else _mean)([p[key] for p in parts if key in p])
-        for key in keys
-    }
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 class RLTrainer:
@@ -74,27 +68,21 @@ class RLTrainer:
         validate_config(cfg)
         seed_everything(cfg.trainer.seed)
         self.cfg = cfg
-        self.log = RunLog(run_dir, console=console, print_steps="console" in cfg.trainer.logger)
-        self.run_dir = self.log.run_dir
+        lock = RunLock(run_dir).acquire()  # a second writer is refused before anything loads
+        try:
+            self._set_up(cfg, lock, console or Console())
+        except BaseException:
+            lock.release()
+            raise
+
+    def _set_up(self, cfg: RunConfig, lock: RunLock, console: Console) -> None:
+        self.compute_score = preflight.reward_function(cfg)  # its file and name, before any data loads
         self.tokenizer = builders.load_tokenizer(cfg)
         d = cfg.data
-        self.train_set = builders.load_prompts(
-            d.train_files,
-            self.tokenizer,
-            max_prompt_tokens=d.max_prompt_tokens,
-            limit=d.max_train_prompts,
-            **builders.data_columns(cfg),
-        )
-        self.val_set = (
-            builders.load_prompts(
-                d.val_files,
-                self.tokenizer,
-                max_prompt_tokens=d.max_prompt_tokens,
-                limit=d.max_val_prompts,
-                **builders.data_columns(cfg),
-            )
-            if d.val_files
-            else None
+        self.train_set = preflight.load_split(cfg, "data.train_files", self.tokenizer)
+        self.val_set = preflight.load_split(cfg, "data.val_files", self.tokenizer) if d.val_files else None
+        preflight.check_data_sources(
+            self.compute_score, {"data.train_files": self.train_set, "data.val_files": self.val_set}
         )
         if cfg.agent.enable:  # each row's agent loop (agent_name) must exist
             agent_rollout.check_agent_names(self.train_set, self.val_set)
@@ -105,26 +93,59 @@ class RLTrainer:
         self.total_steps = (
             cfg.trainer.total_steps or cfg.trainer.total_epochs * self.sampler.batches_per_epoch
         )
+        # The run directory: continue the run there, begin one, or refuse (run_directory docstring).
+        self.claim = claim_run_directory(lock, cfg, total_steps=self.total_steps, console=console)
+        try:
+            self._build(cfg, console)
+        except BaseException:
+            self.claim.release()
+            raise
+
+    def _build(self, cfg: RunConfig, console: Console) -> None:
+        self.log = RunLog(self.claim.run_dir, console=console, print_steps="console" in cfg.trainer.logger)
+        self.run_dir = self.log.run_dir
         self.loss_fn = builders.build_actor_loss(cfg)
         self.value_loss = builders.build_value_loss(cfg)
         self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
         self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
-        self.compute_score = builders.build_compute_score(cfg)
-        # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
-        self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer, self.compute_score)
         self.sampling = builders.train_sampling(cfg)
         self.plan = BatchPlan.from_config(cfg)
         self.tracer = StepTracer(cfg, self.tokenizer, self.run_dir)
         self.watchdog = run_watch.build_watchdog(cfg, self.run_dir)  # None: watchdog.enable=false
         self.monitor = PhaseMonitor(self.watchdog, roles=run_watch.PHASE_ROLES)
-        # Last, so that nothing after them can fail and leave worker processes behind: the policy,
-        # and for PPO the critic (the actor waits critic.warmup_training_steps steps).
-        self.worker, self.critic = builders.build_workers(cfg, self.tokenizer, total_steps=self.total_steps)
+        # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
+        self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer)
+        # Last, so that nothing after them can fail and leave processes behind: the policy, for PPO
+        # the critic (the actor waits critic.warmup_training_steps steps), then the reward's workers
+        # (a reward model's Ray actor joins the policy's cluster).
+        self.worker = self.critic = self.rewards = None
+        try:
+            self.worker, self.critic = builders.build_workers(
+                cfg, self.tokenizer, total_steps=self.total_steps
+            )
+            self.rewards = reward_builder.build_reward(cfg)
+        except BaseException:
+            self.stop_processes()
+            raise
+        self.collector = BatchCollector(
+            cfg,
+            self.train_set,
+            self.sampler,
+            self.tokenizer,
+            self.worker,
+            self.sampling,
+            self.rewards,
+            self.monitor,
+            self.tracer,
+            step_seed=self._seed,
+            agent=self.agent,
+        )
         self.checkpoints = RunCheckpoint(
             self.run_dir / checkpointing.CHECKPOINT_DIR,
             policy=self.worker,
             critic=self.critic,
             max_to_keep=cfg.trainer.max_checkpoints_to_keep,
+            lineage=self.claim.run_id,
         )
         self.last_val: dict[str, float] = {}
 
@@ -132,18 +153,15 @@ class RLTrainer:
     def fit(self) -> dict[str, Any]:
         """Train up to `total_steps` (continuing from a checkpoint when trainer.resume_mode finds one);
         returns the last validation metrics (empty without a val set). Worker processes (Ray) are
-        stopped at the end, also when a step fails, and so are the agent's scoring pool and the
+        stopped at the end, also when a step fails, and so are the scoring and tool workers and the
         metric sinks (TensorBoard, W&B)."""
         with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
-            if self.watchdog is not None:  # stopped last: a cleanup that hangs still meets its grace
+            cleanup.callback(self.claim.release)  # last: the run directory is free once all stopped
+            if self.watchdog is not None:  # stopped next to last: a cleanup that hangs still meets its grace
                 self.watchdog.start()
                 cleanup.callback(self.watchdog.stop)
             cleanup.callback(self.log.close)
-            cleanup.callback(self.worker.shutdown)
-            if self.critic is not None:  # before the policy's: that shutdown may end the Ray cluster
-                cleanup.callback(self.critic.shutdown)
-            if self.agent is not None:
-                cleanup.callback(self.agent.close)
+            cleanup.callback(self.stop_processes)
             if self.watchdog is not None:  # every worker process can dump its stacks from now on
                 workers = {"actor": self.worker, "critic": self.critic}
                 run_watch.watch_workers(self.watchdog, self.run_dir, workers)
@@ -153,9 +171,31 @@ class RLTrainer:
                 write_error_report(self.run_dir, error, self.monitor.failed_in)
                 raise
 
+    def close(self) -> None:
+        """Without training: stop every process the trainer started and release the run directory
+        (`fit` does both when it ends)."""
+        try:
+            self.stop_processes()
+        finally:
+            self.claim.release()
+
+    def stop_processes(self) -> None:
+        """Stop every process the trainer started, each even if another fails: the scoring and tool
+        workers first (a reward model's Ray actor lives in the policy's cluster), then the critic's
+        ranks, then the policy's (whose shutdown may end the Ray cluster)."""
+        with ExitStack() as cleanup:  # last registered, first run
+            if self.worker is not None:
+                cleanup.callback(self.worker.shutdown)
+            if self.critic is not None:
+                cleanup.callback(self.critic.shutdown)
+            if self.agent is not None:
+                cleanup.callback(self.agent.close)
+            if self.rewards is not None:
+                cleanup.callback(self.rewards.close)
+
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
-        save_resolved_config(self.cfg, self.run_dir)
+        self.save_placement()
         start, run_start = self.resume(), time.perf_counter()
         t = self.cfg.trainer
         self.log.attach(
@@ -176,6 +216,7 @@ class RLTrainer:
         ):
             last_val = self.validate(step=0)
         if self.cfg.trainer.val_only:
+            self.claim.record_finish(start)
             return last_val
         columns = (*Progress.get_default_columns(), TimeElapsedColumn())
         with Progress(*columns, console=self.log.console, transient=True) as progress:
@@ -196,8 +237,14 @@ class RLTrainer:
         curves = plot_learning_curves(self.log.history, self.run_dir / "curves.png")
         self.log.log_image("curves", curves, step=self.total_steps)
         plot_run(self.log.history, self.run_dir / "plots")
-        self._print_summary(start, time.perf_counter() - run_start)
+        self._write_summary(start, time.perf_counter() - run_start)
+        self.claim.record_finish(self.total_steps)
         return last_val
+
+    def save_placement(self) -> None:
+        """placement.json: where each role's processes run (Ray node ids, rank order)."""
+        placement = self.worker.placement() | (self.critic.placement() if self.critic is not None else {})
+        (self.run_dir / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
 
     # --- checkpoint and resume -------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
@@ -211,13 +258,16 @@ class RLTrainer:
         }
         with self.monitor.phase("save", step=step):
             path = self.checkpoints.save(step, tokenizer=self.tokenizer, trainer_state=state)
+        self.claim.record_checkpoint(step)
         self.log.console.print(f"[dim]checkpoint: {path}[/dim]")
 
     def resume(self) -> int:
-        """Restore the checkpoint trainer.resume_mode selects; returns the step to continue after."""
-        t = self.cfg.trainer
-        point = checkpointing.load_resume_point(
-            self.checkpoints, mode=t.resume_mode, resume_from_path=t.resume_from_path
+        """Restore the checkpoint the run directory's claim accepted (the newest complete one, or
+        trainer.resume_from_path); returns the step to continue after. The start is recorded
+        (config.yaml, run.json) only once that succeeded."""
+        point = checkpointing.accepted_resume_point(self.claim, self.checkpoints)
+        self.claim.record_start(
+            self.cfg, point.step if point else 0, point.path if point else None, self.log.console
         )
         if point is None:
             return 0
@@ -236,19 +286,24 @@ class RLTrainer:
         )
         return point.step
 
-    def _print_summary(self, start: int, seconds: float) -> None:
-        where = {
-            "final weights": str(self.run_dir / "final"),
-            "checkpoints": str(self.checkpoints.root) if self.checkpoints.steps() else "none",
-        }
-        rows = summary_rows(self.log.history, self.last_val, where, start, self.total_steps, seconds)
-        self.log.print_table("run summary", rows)
+    def _write_summary(self, start: int, seconds: float) -> None:
+        """The run summary, printed as a table and written to run_dir/summary.json."""
+        checkpoints = self.checkpoints.root if self.checkpoints.steps() else None
+        rows = summary_rows(
+            self.log.history,
+            self.last_val,
+            where(self.run_dir, checkpoints),
+            start,
+            self.total_steps,
+            seconds,
+        )
+        write_summary(self.log, rows, self.last_val)
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timings, phase = self.cfg, {}, self.monitor.phase
         self.tracer.begin(step)
         with self.tracer.written_on_failure(), phase("step", timings, step=step):
-            batch, collect_metrics = self._collect(step, timings)
+            batch, collect_metrics = self.collector.collect(step, timings)
             batch, prepare_metrics = self._prepare(batch, timings, step)
             self.tracer.after_advantage(batch)
             critic_metrics = self._update_critic(batch, step, timings)
@@ -274,10 +329,7 @@ class RLTrainer:
         if self.kl_ctrl is not None:
             current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
             self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
-        metrics = self._step_metrics(
-            step,
-            batch,
-            timings,
+        parts = [
             # first: the phases' own metrics of the same names (e.g. bypass mode's rollout_corr/*) win
             step_diagnostics(batch, trained_version if actor_metrics else None),
             collect_metrics,
@@ -286,6 +338,16 @@ class RLTrainer:
             actor_metrics,
             sync_metrics,
             self.monitor.memory.take_metrics(),
+        ]
+        metrics = step_metrics(
+            step,
+            batch,
+            timings,
+            parts,
+            cfg=cfg,
+            worker=self.worker,
+            critic=self.critic,
+            console=self.log.console,
         )
         if cfg.trainer.save_trajectories:
             texts = phases.decode_responses(self.tokenizer, batch)
@@ -293,61 +355,6 @@ class RLTrainer:
             records = phases.trajectory_records(batch, texts, prompt_texts, step)
             self.log.log_trajectories(agent_rollout.with_agent_records(records, batch))
         return metrics
-
-    def _collect(self, step: int, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
-        """Rollout and reward for B prompts × n; with DAPO's dynamic sampling, rounds of them until B
-        prompts whose groups carry signal are kept (or the round cap is hit)."""
-        cfg, n = self.cfg, self.cfg.rollout.n
-        filtering = cfg.algorithm.filter_groups
-        target, kept, reward_parts, dropped, rounds = cfg.data.prompts_per_step * n, [], [], 0, 0
-        while True:
-            rounds += 1
-            prompts = builders.prompts_batch(
-                self.train_set, self.sampler.next_batch(), self.tokenizer.pad_token_id
-            )
-            batch = phases.expand_prompts(prompts, n, f"{step}.{rounds}")
-            seed = self._seed(step) + 7919 * rounds
-            with self.monitor.phase("gen", timings, step=step, rows=len(batch)):
-                if self.agent is None:
-                    batch = phases.generate(self.worker, batch, self.sampling, seed=seed)
-                else:  # agent.enable: multi-turn episodes; their agent/* metrics join the reward's
-                    batch, agent_metrics = self.agent.generate(self.worker, batch, self.sampling, seed=seed)
-                    reward_parts.append(agent_metrics)
-            self.tracer.after_rollout(batch, self.sampling, seed)
-            if cfg.algorithm.adv_estimator == "remax":
-                with self.monitor.phase("gen_max", timings, step=step, rows=len(batch)):
-                    batch = sampling_phases.greedy_baselines(
-                        self.worker, batch, n, self.sampling, self._score
-                    )
-            result = None  # agent.streaming_reward scored the episodes while generating
-            if "token_level_scores" not in batch:
-                with self.monitor.phase("reward", timings, step=step, rows=len(batch)):
-                    batch, result, _ = phases.reward(batch, self.tokenizer, self.compute_score)
-                reward_parts.append(result.metrics())
-            self.tracer.after_reward(batch, result)
-            if filtering.enable:
-                batch, n_dropped = sampling_phases.keep_groups_with_signal(batch, filtering.metric)
-                dropped += n_dropped
-            kept.append(batch)
-            have = sum(len(b) for b in kept)
-            cap_hit = filtering.max_num_gen_batches > 0 and rounds >= filtering.max_num_gen_batches
-            if not filtering.enable or have >= target or cap_hit:
-                break
-        batch = DataProto.concat([b for b in kept if len(b)]) if have else kept[0]
-        mini = cfg.actor.prompts_per_mini_batch * n
-        usable = target if have >= target else (have // mini) * mini or (have // n) * n
-        if usable == 0:
-            raise RuntimeError(
-                f"step {step}: dynamic sampling kept no group with reward variance in {rounds} rounds "
-                f"(algorithm.filter_groups.max_num_gen_batches={filtering.max_num_gen_batches}); the "
-                "reward gives no learning signal on this data — check the scorer, or disable filtering"
-            )
-        metrics = sum_reward_metrics(reward_parts)
-        metrics |= {"batch/gen_rounds": float(rounds), "batch/dropped_groups": float(dropped)}
-        return batch.take(torch.arange(usable)), metrics
-
-    def _score(self, batch: DataProto) -> DataProto:
-        return phases.reward(batch, self.tokenizer, self.compute_score)[0]
 
     def _prepare(
         self, batch: DataProto, timings: dict[str, float], step: int
@@ -395,35 +402,6 @@ class RLTrainer:
                 seed=self._seed(step) + 1 if self.cfg.actor.shuffle else None,
             )
 
-    def _step_metrics(self, step: int, batch, timings, *parts: dict[str, float]) -> dict[str, float]:
-        mask = batch["response_mask"]
-        metrics: dict[str, float] = {"training/global_step": float(step)}
-        for part in parts:
-            metrics |= part
-        metrics |= data_metrics(batch, max_prompt_tokens=self.cfg.data.max_prompt_tokens)
-        if "entropys" in batch:  # bypass mode runs no actor forward before the update
-            metrics["actor/entropy"] = aggregate_loss(
-                batch["entropys"], mask, self.cfg.actor.loss_agg_mode
-            ).item()
-        if "values" in batch:
-            metrics["critic/vf_explained_var"] = explained_variance(batch["returns"], batch["values"], mask)
-        share = group_signal_share(batch["token_level_scores"].sum(-1), group_ids_from_uids(batch["uid"]))
-        metrics["batch/groups_with_signal"] = share
-        if share < LOW_SIGNAL_SHARE:
-            self.log.console.print(
-                f"[yellow]warning: only {share:.0%} of groups have any reward variance; group-relative "
-                "advantages are 0 for the rest, so the policy barely moves (reward too sparse or too easy?)"
-            )
-        n_response = int(mask.sum())
-        metrics |= timing_metrics(timings, n_response, int(batch["attention_mask"].sum()))
-        metrics |= throughput_metrics(batch, timings["step"])
-        traffic = self.worker.controller_bytes()  # what crossed process boundaries via the controller
-        if self.critic is not None:  # the critic's ranks are processes too
-            critic_traffic = self.critic.controller_bytes()
-            traffic = {key: value + critic_traffic[key] for key, value in traffic.items()}
-        metrics |= traffic
-        return metrics
-
     def _seed(self, step: int) -> int:
         return self.cfg.trainer.seed * 1_000_003 + step * 10_007
 
@@ -436,7 +414,7 @@ class RLTrainer:
                 self.worker,
                 self.val_set,
                 tokenizer=self.tokenizer,
-                compute_score=self.compute_score,
+                compute_score=self.rewards,  # the run's reward sources, workers and deadlines included
                 sampling=builders.val_sampling(self.cfg),
                 n=v.n,
                 step=step,
@@ -448,4 +426,7 @@ class RLTrainer:
         RunLog.write_jsonl(self.run_dir / "val_generations" / f"step_{step}.jsonl", records)
         core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
         self.log.console.print(f"[bold cyan]validation @ step {step}[/bold cyan] {core}")
+        warning = clipping_warning(metrics, self.cfg.rollout.max_response_tokens)
+        if warning:
+            self.log.console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
         return metrics

@@ -1,9 +1,14 @@
-"""Layer 2, control flow: the table printed at the end of a run — what ran, where it went, how it ended."""
+"""Layer 2, control flow: the summary of a run — what ran, where it went, how it ended — printed as a
+table at the end and written to summary.json."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from stratarl.observe.run_log import RunLog, write_atomically
 
 # Last-step metrics worth a line of their own; controller bytes are averaged over the run's steps.
 LAST_STEP_METRICS = ("critic/score/mean", "actor/entropy")
@@ -19,7 +24,8 @@ def summary_rows(
     seconds: float,
 ) -> dict[str, Any]:
     """Rows of the run summary: steps run, wall time, `where` (paths), the last step's score and
-    entropy, the mean bytes per step that passed through the controller, the last val-core metrics."""
+    entropy, the mean bytes per step that passed through the controller, the failures of user code
+    over the run (scorers; tools and interactions in agent runs), the last val-core metrics."""
     train = [record for record in history if record.get("phase") == "train"]
     rows: dict[str, Any] = {
         "steps": f"{start + 1}..{total_steps} this run (of {total_steps})"
@@ -31,5 +37,37 @@ def summary_rows(
     if train:
         rows |= {k: v for k, v in train[-1].items() if k in LAST_STEP_METRICS}
         rows |= {f"{k} per step": sum(r.get(k, 0.0) for r in train) / len(train) for k in TRAFFIC_METRICS}
+        rows["reward failures"] = failure_summary(train, "reward/failures/")
+        if any(key.startswith("agent/") for key in train[-1]):
+            rows["agent failures"] = failure_summary(train, "agent/failures/")
     rows |= {k: v for k, v in last_val.items() if k.startswith("val-core/")}
     return rows
+
+
+def where(run_dir: Path, checkpoints: Path | None) -> dict[str, str]:
+    """The summary's paths, absolute: the run, its final weights, its checkpoints (or none)."""
+    return {
+        "run directory": str(run_dir.absolute()),
+        "final weights": str((run_dir / "final").absolute()),
+        "checkpoints": str(checkpoints.absolute()) if checkpoints else "none",
+    }
+
+
+def write_summary(log: RunLog, rows: Mapping[str, Any], last_val: Mapping[str, float]) -> None:
+    """Print `rows` as the run summary table; write them, with every metric of the last
+    validation, to summary.json (atomically)."""
+    log.print_table("run summary", rows)
+    record = {**rows, "last_validation": dict(last_val)}
+    write_atomically(log.run_dir / "summary.json", json.dumps(record, indent=2) + "\n")
+
+
+def failure_summary(records: list[dict[str, Any]], prefix: str) -> str:
+    """The run's failures of user code summed over its steps by reason, e.g. "SystemExit: 1, timeout: 3",
+    or "none"; the per-data-source counts stay in metrics.jsonl."""
+    totals: dict[str, float] = {}
+    for record in records:
+        for key, value in record.items():
+            reason = key.removeprefix(prefix)
+            if key.startswith(prefix) and "/" not in reason and reason != "total" and value:
+                totals[reason] = totals.get(reason, 0.0) + value
+    return ", ".join(f"{reason}: {int(count)}" for reason, count in sorted(totals.items())) or "none"

@@ -14,7 +14,7 @@ import torch
 
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.rollout_correction import rollout_correction
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import PolicyHandle
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.field_checks import validate
@@ -46,7 +46,7 @@ def keep_groups_with_signal(batch: DataProto, metric: str) -> tuple[DataProto, i
 
 
 def greedy_baselines(
-    worker: PolicyWorker, batch: DataProto, n: int, sampling: SamplingParams, score_fn: Any
+    worker: PolicyHandle, batch: DataProto, n: int, sampling: SamplingParams, score_fn: Any
 ) -> DataProto:
     """ReMax: one greedy response per prompt, scored; its score is the baseline b of all n samples."""
     first_of_group = batch.take(torch.arange(0, len(batch), n))
@@ -80,3 +80,16 @@ def use_rollout_log_probs(batch: DataProto) -> DataProto:
     """Bypass mode (two policies): π_old := π_rollout, no recompute forward."""
     validate(batch, reads=["rollout_log_probs"], phase="actor.log_prob")
     return batch.union(DataProto.from_dict({"old_log_probs": batch["rollout_log_probs"].clone()}))
+
+
+def sum_reward_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Reward metrics of several generation rounds: failure counts add up, means are averaged."""
+    keys = {key for part in parts for key in part}
+    return {
+        key: (sum if key.startswith("reward/failures/") else _mean)([p[key] for p in parts if key in p])
+        for key in keys
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)

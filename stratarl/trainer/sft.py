@@ -8,21 +8,29 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 
 from stratarl.algo.aggregation import aggregate_loss
-from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.config import RunConfig, save_resolved_config
+from stratarl.cluster.handles import PolicyHandle
+from stratarl.cluster.specs import ActorSpec, BatchingSpec, OptimizerSettings
+from stratarl.cluster.worker_group import PolicyWorkerGroup
+from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.loggers import make_sinks
-from stratarl.observe.run_log import RunLog
-from stratarl.trainer import builders
+from stratarl.observe.run_log import RunLog, write_atomically
+from stratarl.trainer import builders, preflight
+from stratarl.trainer.run_directory import RunClaim, RunLock, claim_run_directory
 from stratarl.trainer.validation import evaluate_accuracy
 from stratarl.transport.batch_edge import lay_out_batch_edge
 from stratarl.transport.data_proto import DataProto
@@ -75,29 +83,30 @@ def sft_examples(
     return DataProto.from_dict({k: columns[k] for k in MODEL_COLUMNS})
 
 
-def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker:
+def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorkerGroup:
+    """The policy of the RL run (model, device, precision, rollout engine) with the sft.* optimizer
+    and micro-batching: no reference and no LoRA; log-probs at temperature 1 (the NLL)."""
     s = cfg.sft
-    return PolicyWorker(
-        model_path=cfg.model.path,
-        eos_token_ids=builders.eos_token_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        dtype=cfg.model.dtype,
-        rollout_seed=cfg.trainer.seed,
-        actor_kwargs={
-            "lr": s.lr,
-            "micro_batch_size": s.trajectories_per_micro_batch,
-            "weight_decay": s.weight_decay,
-            "grad_clip": s.grad_clip,
-            "lr_schedule": s.lr_schedule,
-            "warmup_steps": s.warmup_steps,
-            "total_steps": total_steps,
-            "min_lr_ratio": s.min_lr_ratio,
-        },
+    optimizer = OptimizerSettings(
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+        grad_clip=s.grad_clip,
+        lr_schedule=s.lr_schedule,
+        warmup_steps=s.warmup_steps,
+        total_steps=total_steps,
+        min_lr_ratio=s.min_lr_ratio,
     )
+    spec = dataclasses.replace(
+        builders.policy_spec(cfg, tokenizer, total_steps=total_steps),
+        actor=ActorSpec(optimizer, BatchingSpec(s.trajectories_per_micro_batch), temperature=1.0),
+        reference=None,
+        lora=None,
+    )
+    return PolicyWorkerGroup.in_process(spec, threads=cfg.cluster.threads_per_worker)
 
 
 def run_sft(
-    worker: PolicyWorker,
+    worker: PolicyHandle,
     dataset: PromptDataset,
     tokenizer: Any,
     *,
@@ -123,50 +132,50 @@ def run_sft(
     return metrics
 
 
-def sft_from_config(cfg: RunConfig, run_dir: str | Path) -> dict[str, float]:
+def sft_from_config(cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None) -> dict[str, Any]:
     """`stratarl sft`: SFT on data.train_files with the `sft` settings; greedy accuracy on
-    data.val_files before and after; the result saved HF-loadable in run_dir/final."""
-
-    run_dir, t = Path(run_dir), cfg.trainer
-    log = RunLog(run_dir)
-    log.attach(
-        make_sinks(
-            t.logger, run_dir, project=t.project_name, experiment=t.experiment_name, config=asdict(cfg)
+    data.val_files before and after; the result saved HF-loadable in run_dir/final, the summary in
+    run_dir/summary.json. The run directory must be empty (or trainer.overwrite): SFT never resumes.
+    The inputs are checked (`preflight`) before the model loads."""
+    console, t = console or Console(), cfg.trainer
+    with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
+        lock = RunLock(run_dir).acquire()
+        cleanup.callback(lock.release)
+        compute_score = preflight.reward_function(cfg)
+        tokenizer = builders.load_tokenizer(cfg)
+        train_set = preflight.load_split(cfg, "data.train_files", tokenizer)
+        val_set = preflight.load_split(cfg, "data.val_files", tokenizer) if cfg.data.val_files else None
+        preflight.check_sft_answers(train_set)
+        preflight.check_data_sources(compute_score, {"data.val_files": val_set})
+        claim = claim_run_directory(lock, cfg, total_steps=None, console=console, can_resume=False)
+        cleanup.callback(claim.release)
+        log = RunLog(claim.run_dir, console=console)
+        claim.record_start(cfg, 0, None, console)
+        sinks = make_sinks(
+            t.logger, claim.run_dir, project=t.project_name, experiment=t.experiment_name, config=asdict(cfg)
         )
-    )
-    try:
-        return _sft_run(cfg, run_dir, log)
-    finally:
-        log.close()
+        log.attach(sinks)
+        cleanup.callback(log.close)
+        return _sft_run(cfg, claim, log, tokenizer, train_set, val_set)
 
 
-def _sft_run(cfg: RunConfig, run_dir: Path, log: RunLog) -> dict[str, float]:
-    save_resolved_config(cfg, run_dir)
-    tokenizer = builders.load_tokenizer(cfg)
-    d = cfg.data
-    train_set = builders.load_prompts(
-        d.train_files,
-        tokenizer,
-        max_prompt_tokens=d.max_prompt_tokens,
-        limit=None,
-        **builders.data_columns(cfg),
-    )
+def _sft_run(
+    cfg: RunConfig, claim: RunClaim, log: RunLog, tokenizer: Any, train_set: PromptDataset,
+    val_set: PromptDataset | None,
+) -> dict[str, Any]:  # fmt: skip
+    run_dir, start = claim.run_dir, time.perf_counter()
     steps = cfg.sft.total_steps or cfg.sft.total_epochs * max(
         1, len(train_set) // cfg.sft.trajectories_per_step
     )
     worker = sft_worker(cfg, tokenizer, steps)
 
     def accuracy(step: int) -> float:
-        if not d.val_files:
+        if val_set is None:
             return float("nan")
-        val_set = builders.load_prompts(
-            d.val_files,
-            tokenizer,
-            max_prompt_tokens=d.max_prompt_tokens,
-            limit=None,
-            **builders.data_columns(cfg),
+        # An untrained model never emits EOS: warn about cut responses after training only.
+        value, metrics = evaluate_accuracy(
+            worker, cfg, tokenizer, val_set, step, console=log.console if step else None
         )
-        value, metrics = evaluate_accuracy(worker, cfg, tokenizer, val_set, step)
         log.log_metrics(step, metrics, phase="val")
         return value
 
@@ -176,8 +185,18 @@ def _sft_run(cfg: RunConfig, run_dir: Path, log: RunLog) -> dict[str, float]:
         seed=cfg.trainer.seed, log=log,
     )  # fmt: skip
     after = accuracy(steps)
-    worker.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
-    summary = {"accuracy_before": before, "accuracy_after": after, "steps": float(steps)}
-    log.print_table("sft summary", summary | {"weights": str(run_dir / "final")})
+    final = (run_dir / "final").absolute()
+    worker.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    claim.record_finish(steps)
+    summary = {
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "steps": steps,
+        "wall_time_s": round(time.perf_counter() - start, 1),
+        "run_dir": str(run_dir.absolute()),
+        "weights": str(final),
+    }
+    write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    log.print_table("sft summary", summary)
     return summary

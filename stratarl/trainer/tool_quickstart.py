@@ -7,7 +7,7 @@
    the model copies the tool's result (`sft_until_copying`, capped by sft.total_steps);
 4. GRPO from the SFT checkpoint with the tool loop in the rollout (`agent.enable`);
 5. held-out accuracy, tool-call success rate and tool use, greedy and sampled, after SFT and after
-   GRPO -> summary.json (measured: docs/benchmarks_tool.md).
+   GRPO -> summary.json (measured: docs/benchmarks.md ("Tool quickstart")).
 
 A direct answer to a 3-digit product is almost never right for a 1M-parameter model, a tool call
 whose result is copied is: GRPO's reward teaches the model to call the tool, and to call it well.
@@ -25,7 +25,7 @@ from rich.console import Console
 
 from stratarl.config import RunConfig, ValidationSamplingConfig, load_config
 from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
-from stratarl.observe.run_log import RunLog
+from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.trainer import builders
 from stratarl.trainer.agent_rollout import build_agent_rollout
 from stratarl.trainer.agent_sft import agent_sft_batch
@@ -88,27 +88,30 @@ def evaluate_agent(
     tool-call success rate (attempted calls that ran without error) and the share of episodes that
     used the tool, as `<metric>_greedy` / `<metric>_sampled`."""
     compute_score = builders.build_compute_score(cfg)
-    agent = build_agent_rollout(cfg, tokenizer, compute_score)
+    agent = build_agent_rollout(cfg, tokenizer)
     assert agent is not None, "the tool quickstart needs agent.enable=true"
     sampled_kwargs = sampled_eval_settings(cfg.rollout.val_kwargs)
     sampled = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, val_kwargs=sampled_kwargs))
     out: dict[str, float | None] = {}
-    for name, eval_cfg in (("greedy", cfg), ("sampled", sampled)):
-        n = eval_cfg.rollout.val_kwargs.n
-        metrics, _ = run_agent_validation(
-            agent,
-            worker,
-            dataset,
-            tokenizer=tokenizer,
-            compute_score=compute_score,
-            sampling=builders.val_sampling(eval_cfg),
-            n=n,
-            step=step,
-            seed=cfg.trainer.seed,
-        )
-        out[f"accuracy_{name}"] = overall_accuracy(metrics, n)
-        out[f"tool_call_success_rate_{name}"] = metrics.get(TOOL_SUCCESS_KEY)  # None: no call attempted
-        out[f"used_tool_fraction_{name}"] = metrics.get(USED_TOOL_KEY, 0.0)
+    try:
+        for name, eval_cfg in (("greedy", cfg), ("sampled", sampled)):
+            n = eval_cfg.rollout.val_kwargs.n
+            metrics, _ = run_agent_validation(
+                agent,
+                worker,
+                dataset,
+                tokenizer=tokenizer,
+                compute_score=compute_score,
+                sampling=builders.val_sampling(eval_cfg),
+                n=n,
+                step=step,
+                seed=cfg.trainer.seed,
+            )
+            out[f"accuracy_{name}"] = overall_accuracy(metrics, n)
+            out[f"tool_call_success_rate_{name}"] = metrics.get(TOOL_SUCCESS_KEY)  # None: none attempted
+            out[f"used_tool_fraction_{name}"] = metrics.get(USED_TOOL_KEY, 0.0)
+    finally:
+        agent.close()  # its tool workers
     return out
 
 
@@ -215,6 +218,6 @@ def run_tool_quickstart(
         "seed": seed,
         "run_dir": str(run_dir),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     RunLog(run_dir, console=console).print_table("tool quickstart summary", summary)
     return summary

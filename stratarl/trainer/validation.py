@@ -2,7 +2,9 @@
 
 Metric names follow verl: `val-core/<data_source>/<var>/<metric>` for the core variable (`acc` when
 the scorer reports it, else `reward`) at the largest k (mean@k, maj@k, best@k), everything else
-under `val-aux/`. Greedy decoding by default (`rollout.val_kwargs`).
+under `val-aux/`. Greedy decoding by default (`rollout.val_kwargs`). Responses that stopped at
+rollout.max_response_tokens instead of EOS are counted (`val-aux/response_length/clip_ratio`) and
+warned about when they are many: a cut answer scores 0 whatever the model knows.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from rich.console import Console
 
 from stratarl.algo.validation_stats import process_validation_metrics
-from stratarl.cluster.policy_worker import PolicyWorker
+from stratarl.cluster.handles import PolicyHandle
 from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.reward.batch_scorer import RewardResult
@@ -24,10 +27,11 @@ from stratarl.trainer.builders import prompts_batch
 from stratarl.transport.data_proto import DataProto
 
 CORE_METRIC_PREFIXES = ("mean@", "maj@", "best@", "pass@")
+CLIP_WARNING_RATIO = 0.05  # warn when more validation responses than this hit the length limit
 
 
 def run_validation(
-    worker: PolicyWorker,
+    worker: PolicyHandle,
     dataset: PromptDataset,
     *,
     tokenizer: Any,
@@ -38,7 +42,8 @@ def run_validation(
     seed: int,
     prompts_per_batch: int = 256,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """(metrics, one record per generation) over the whole validation set."""
+    """(metrics, one record per generation) over the whole validation set. A record holds the
+    prompt, the ground truth, the response, how it ended, its reward and accuracy."""
     tally, records = ValidationTally(), []
     for start in range(0, len(dataset), prompts_per_batch):
         indices = list(range(start, min(start + prompts_per_batch, len(dataset))))
@@ -46,13 +51,51 @@ def run_validation(
         batch = batch.union(worker.generate(batch, sampling, seed=seed + start * n))
         batch, result, texts = phases.reward(batch, tokenizer, compute_score)
         scores, accs = tally.add(batch, result, start)
+        lengths = batch["response_mask"].sum(-1).tolist()
+        prompts = [tokenizer.decode(ids) for ids in batch["raw_prompt_ids"]]
         records += [
-            {"step": step, "source_row": int(r), "data_source": ds, "response": t, "reward": s, "acc": a}
-            for r, ds, t, s, a in zip(
-                batch["source_row"], batch["data_source"], texts, scores, accs, strict=True
-            )
+            {
+                "step": step,
+                "source_row": int(batch["source_row"][i]),
+                "data_source": batch["data_source"][i],
+                "prompt": prompts[i],
+                "ground_truth": batch["ground_truth"][i],
+                "response": texts[i],
+                "response_tokens": int(lengths[i]),
+                "finish_reason": batch["finish_reason"][i],
+                "reward": scores[i],
+                "acc": accs[i],
+            }
+            for i in range(len(batch))
         ]
-    return tally.metrics(n), records
+    return tally.metrics(n) | length_metrics(records), records
+
+
+def length_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Response lengths of the validation generations; clip_ratio: the share that stopped at the
+    token limit (finish_reason "length") rather than at EOS."""
+    lengths = [r["response_tokens"] for r in records]
+    if not lengths:
+        return {}
+    return {
+        "val-aux/response_length/mean": float(np.mean(lengths)),
+        "val-aux/response_length/max": float(max(lengths)),
+        "val-aux/response_length/clip_ratio": float(
+            np.mean([r["finish_reason"] == "length" for r in records])
+        ),
+    }
+
+
+def clipping_warning(metrics: dict[str, float], max_response_tokens: int) -> str | None:
+    """A warning when many validation responses hit rollout.max_response_tokens (None otherwise)."""
+    ratio = metrics.get("val-aux/response_length/clip_ratio", 0.0)
+    if ratio <= CLIP_WARNING_RATIO:
+        return None
+    return (
+        f"{ratio:.0%} of the validation responses stopped at rollout.max_response_tokens="
+        f"{max_response_tokens} before EOS: an answer longer than that is cut, and scores as wrong. "
+        "If the task's answers can be longer, raise it (`stratarl init` measures them)"
+    )
 
 
 @dataclass
@@ -82,9 +125,16 @@ class ValidationTally:
 
 
 def evaluate_accuracy(
-    worker: PolicyWorker, cfg: RunConfig, tokenizer: Any, dataset: PromptDataset, step: int
+    worker: PolicyHandle,
+    cfg: RunConfig,
+    tokenizer: Any,
+    dataset: PromptDataset,
+    step: int,
+    *,
+    console: Console | None = None,
 ) -> tuple[float, dict[str, float]]:
-    """(mean accuracy over data sources, all validation metrics) with the run's validation sampling."""
+    """(mean accuracy over data sources, all validation metrics) with the run's validation sampling;
+    a `console` gets the clipping warning."""
     n = cfg.rollout.val_kwargs.n
     metrics, _ = run_validation(
         worker,
@@ -96,6 +146,9 @@ def evaluate_accuracy(
         step=step,
         seed=cfg.trainer.seed,
     )
+    warning = clipping_warning(metrics, cfg.rollout.max_response_tokens)
+    if warning and console is not None:
+        console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
     return overall_accuracy(metrics, n), metrics
 
 

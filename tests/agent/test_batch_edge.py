@@ -64,6 +64,7 @@ def test_layout_matches_a_plain_loop(renderer, tokenizer):
         "result": "144",
         "duration_s": records[0]["turns"][0]["tool_calls"][0]["duration_s"],
         "error": None,
+        "failure": None,
         "reward": None,
     }
 

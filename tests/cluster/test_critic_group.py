@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from stratarl.cluster.critic_group import CriticWorkerGroup
-from stratarl.cluster.critic_rank import CriticSpec
 from stratarl.cluster.critic_worker import CriticWorker
-from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.ranks import InProcessRanks
 from stratarl.cluster.run_checkpoint import RunCheckpoint
+from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.transport.data_proto import DataProto
+from tests.cluster.tiny_specs import critic_spec, policy_spec
 from tests.engine.test_critic import value_loss
 from tests.engine.tiny_batches import ragged_batch, tiny_model
 
@@ -19,9 +19,7 @@ from tests.engine.tiny_batches import ragged_batch, tiny_model
 def spec(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("policy")
     tiny_model(0, layers=2).save_pretrained(model_dir)
-    return CriticSpec(
-        model_path=str(model_dir), critic_kwargs={"lr": 1e-2, "micro_batch_size": 2}, init_seed=1
-    )
+    return critic_spec(model_dir, init_seed=1)
 
 
 def with_returns(batch, critic):
@@ -31,7 +29,7 @@ def with_returns(batch, critic):
 
 
 def test_one_in_process_rank_is_the_critic_worker(spec):
-    group, worker = CriticWorkerGroup.in_process(spec), CriticWorker(**spec.worker_kwargs())
+    group, worker = CriticWorkerGroup.in_process(spec), CriticWorker(spec)
     batch = with_returns(ragged_batch(n=6, seed=3), worker)
     assert torch.equal(group.compute_values(batch)["values"], batch["values"])
     metrics = group.update_critic(batch, value_loss, mini_batch_size=3)
@@ -45,7 +43,7 @@ def test_one_in_process_rank_is_the_critic_worker(spec):
 
 
 def test_two_ranks_score_each_row_as_one_rank_and_keep_row_order(spec):
-    workers = [CriticWorker(**spec.worker_kwargs()) for _ in range(2)]  # the same seeded head
+    workers = [CriticWorker(spec) for _ in range(2)]  # the same seeded head
     group = CriticWorkerGroup(InProcessRanks("critic", workers))
     batch = ragged_batch(n=7, seed=5)  # one pad row; rows reordered to balance the ranks' work
     torch.testing.assert_close(
@@ -54,12 +52,10 @@ def test_two_ranks_score_each_row_as_one_rank_and_keep_row_order(spec):
 
 
 def test_a_save_that_dies_after_the_critic_part_leaves_the_previous_checkpoint(spec, tmp_path):
-    policy = PolicyWorker(
-        model_path=spec.model_path, eos_token_ids=(1,), pad_token_id=0,
-        actor_kwargs={"lr": 1e-2, "micro_batch_size": 2},
-    )  # fmt: skip
-    critic = CriticWorker(**spec.worker_kwargs())
-    checkpoint = RunCheckpoint(tmp_path, policy=policy, critic=critic)
+    policy = PolicyWorkerGroup.in_process(policy_spec(spec.model.path))
+    group = CriticWorkerGroup.in_process(spec)
+    critic = group.local_worker()
+    checkpoint = RunCheckpoint(tmp_path, policy=policy, critic=group)
     batch = with_returns(ragged_batch(n=4, seed=2), critic)
     checkpoint.save(1, tokenizer=None, trainer_state={"global_step": 1})
     at_step_1 = critic.compute_values(batch)["values"]

@@ -4,12 +4,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stratarl.cluster.policy_worker import PolicyWorker, load_causal_lm
+from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import load_config, validate_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.engine.actor import compute_log_probs
+from stratarl.engine.hf_models import ModelSpec, load_causal_lm
 from stratarl.engine.lora import base_state
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import tensor_bytes
@@ -44,7 +45,7 @@ def lora_worker(task, *extra) -> tuple[PolicyWorker, object]:
     )
     validate_config(cfg, check_paths=False)
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    return builders.build_policy_worker(cfg, tokenizer, total_steps=3), tokenizer
+    return builders.build_policy_worker(cfg, tokenizer, total_steps=3).local_worker(), tokenizer
 
 
 def rollout_batch(worker, task, tokenizer, seed=0):
@@ -64,7 +65,7 @@ def test_lora_worker_trains_adapters_syncs_only_them_and_saves_merged(task, tmp_
     assert trainable and all("lora_" in n for n in trainable)
     assert worker.reference.module is actor.module  # the reference is the actor with the adapter off
 
-    base_model = load_causal_lm(task["model"])
+    base_model = load_causal_lm(ModelSpec(str(task["model"])))
     batch = rollout_batch(worker, task, tokenizer)
     for _ in range(2):
         worker.update_actor(batch, policy_gradient_loss, mini_batch_size=len(batch))

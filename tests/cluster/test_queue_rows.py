@@ -7,7 +7,7 @@ import torch
 
 from stratarl.cluster.dispatch import gather_from_ranks, split_for_ranks, split_for_update
 from stratarl.cluster.queue_rows import KEY, QueueRows
-from stratarl.cluster.queue_shard import WIRE_DTYPES, QueueReader, narrow_integers, widen_integers
+from stratarl.cluster.queue_shard import WIRE_DTYPES, narrow_integers, run_on_queue, widen_integers
 from stratarl.cluster.ranks import InProcessRanks
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.kv_meta import QUEUED_FIELDS
@@ -55,7 +55,7 @@ def test_update_shards_read_exactly_what_the_direct_split_sends_with_zero_weight
     assert split.pad_rows == direct.pad_rows
 
 
-class Rank(QueueReader):
+class Rank:
     """A rank whose 'model' writes 10 × tokens + row id (real computation, deterministic)."""
 
     def compute(self, shard_batch: DataProto) -> DataProto:
@@ -67,7 +67,7 @@ def test_ranks_write_their_outputs_under_the_rows_keys_and_the_gather_matches():
     stored_rows(rows, rows_batch)
     meta = rows.sync(rows_batch, ["attention_mask", "row"])
     shards, split = rows.scoring_shards(meta, rows_batch["attention_mask"], 3)  # 7 rows -> 2 pad rows
-    gathered = gather_from_ranks([Rank().run_on_queue(s, "compute") for s in shards], split)
+    gathered = gather_from_ranks([run_on_queue(Rank(), s, Rank.compute) for s in shards], split)
     expected = rows_batch["attention_mask"].sum(-1) * 10 + torch.arange(7)
     assert torch.equal(gathered["out"], expected)
     stored = rows.queue.get(meta.select_fields([]).with_fields({}), fields=["out"])
@@ -137,7 +137,7 @@ def test_a_scoring_phase_through_the_queue_with_in_process_ranks():
     rows, rows_batch = QueueRows(TransferQueue.in_process(2)), batch(5)
     stored_rows(rows, rows_batch)
     ranks = InProcessRanks("actor", [Rank(), Rank()])
-    out = rows.score(ranks, "actor.log_prob", "compute", rows_batch, ["attention_mask", "row"])
+    out = rows.score(ranks, "actor.log_prob", Rank.compute, rows_batch, ["attention_mask", "row"])
     assert torch.equal(out["out"], rows_batch["attention_mask"].sum(-1) * 10 + torch.arange(5))
     before = rows.queue.stored_bytes()
     rows.sync(rows_batch.union(out), ["out"])

@@ -3,6 +3,7 @@ that load into either backend, and a killed rank named with its role, rank and p
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -15,20 +16,20 @@ import torch
 ray = pytest.importorskip("ray")
 
 from stratarl.cluster.critic_group import CriticWorkerGroup  # noqa: E402
-from stratarl.cluster.critic_rank import CriticSpec  # noqa: E402
 from stratarl.cluster.critic_worker import CriticWorker  # noqa: E402
 from stratarl.cluster.placement import PlacementError, WorkerSizes, make_plan  # noqa: E402
-from stratarl.cluster.policy_worker import PolicyWorker  # noqa: E402
 from stratarl.cluster.queue_rows import KEY, QueueRows  # noqa: E402
 from stratarl.cluster.ranks import WorkerError  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
-from stratarl.cluster.ray_critic_group import RayCriticGroup  # noqa: E402
+from stratarl.cluster.ray_critic_group import start_critic_group  # noqa: E402
 from stratarl.cluster.run_checkpoint import RunCheckpoint  # noqa: E402
 from stratarl.cluster.transfer_queue_ray import ray_transfer_queue  # noqa: E402
+from stratarl.cluster.worker_group import PolicyWorkerGroup  # noqa: E402
 from stratarl.engine.checkpoint import CheckpointManager  # noqa: E402
 from stratarl.engine.critic import load_value_model  # noqa: E402
 from stratarl.transport.data_proto import DataProto  # noqa: E402
 from stratarl.transport.kv_meta import QUEUED_FIELDS, KVBatchMeta  # noqa: E402
+from tests.cluster.tiny_specs import critic_spec, policy_spec  # noqa: E402
 from tests.engine.test_critic import value_loss  # noqa: E402
 from tests.engine.test_data_parallel import tolerance  # noqa: E402
 from tests.engine.tiny_batches import ragged_batch, tiny_model  # noqa: E402
@@ -49,8 +50,7 @@ def cluster():
 def spec(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("policy")
     tiny_model(0, layers=2).save_pretrained(model_dir)  # a causal LM: the critic draws a fresh head
-    settings = {"lr": 1e-2, "micro_batch_size": 2}
-    return CriticSpec(model_path=str(model_dir), critic_kwargs=settings, init_seed=3)
+    return critic_spec(model_dir, init_seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def group(cluster, spec):
     # The colocated plan of a PPO run on 2 CPUs: each 1-CPU bundle holds a policy and a critic
     # process of half a CPU each; with no policy group here, the critic reserves the pool itself.
     plan = make_plan("colocated", WorkerSizes(training_workers=2), ROLES)
-    group = RayCriticGroup(spec, plan, call_timeout_s=120)
+    group = start_critic_group(spec, plan, call_timeout_s=120)
     yield group
     group.shutdown()
 
@@ -72,13 +72,13 @@ def with_returns(batch: DataProto, critic: CriticWorker, seed: int = 1) -> DataP
 def test_a_plan_without_the_critic_fails_before_any_process_starts(cluster, spec):
     plan = make_plan("colocated", WorkerSizes(training_workers=2))  # made without the critic
     with pytest.raises(PlacementError, match="places no critic") as caught:
-        RayCriticGroup(spec, plan)
+        start_critic_group(spec, plan)
     assert caught.value.keys == {"cluster.placement", "critic.enable"}
     assert ray.util.placement_group_table() == {}  # nothing reserved, nothing started
 
 
 def test_two_ray_ranks_give_the_values_of_one_process(group, spec):
-    single = CriticWorker(**spec.worker_kwargs())  # the same seeded head as every rank's
+    single = CriticWorker(spec)  # the same seeded head as every rank's
     batch = ragged_batch(n=7, seed=5)  # 7 rows over 2 ranks: one pad row
     torch.testing.assert_close(
         group.compute_values(batch)["values"], single.compute_values(batch)["values"], atol=2e-5, rtol=1e-5
@@ -88,7 +88,7 @@ def test_two_ray_ranks_give_the_values_of_one_process(group, spec):
 
 
 def test_two_ray_ranks_update_like_one_process(group, spec, tmp_path):
-    single = CriticWorker(**spec.worker_kwargs())
+    single = CriticWorker(spec)
     batch = with_returns(ragged_batch(n=6, seed=2), single)
     one = single.update_critic(batch, value_loss, mini_batch_size=3)  # 2 steps of 3 rows: 1 pad row each
     two = group.update_critic(batch, value_loss, mini_batch_size=3)
@@ -105,10 +105,7 @@ def test_two_ray_ranks_update_like_one_process(group, spec, tmp_path):
 
 
 def test_a_checkpoint_of_the_ray_critic_restores_it_and_loads_in_one_process(group, spec, tmp_path):
-    policy = PolicyWorker(
-        model_path=spec.model_path, eos_token_ids=(1,), pad_token_id=0,
-        actor_kwargs={"lr": 1e-2, "micro_batch_size": 2},
-    )  # fmt: skip
+    policy = PolicyWorkerGroup.in_process(policy_spec(spec.model.path))
     checkpoint = RunCheckpoint(tmp_path, policy=policy, critic=group)
     probe = ragged_batch(n=5, seed=9)
     at_save = group.compute_values(probe)["values"]
@@ -119,7 +116,7 @@ def test_a_checkpoint_of_the_ray_critic_restores_it_and_loads_in_one_process(gro
     loaded = checkpoint.load()
     assert loaded.step == 4 and loaded.trainer_state == {"global_step": 4}
     torch.testing.assert_close(group.compute_values(probe)["values"], at_save, atol=0, rtol=0)
-    in_process = CriticWorker(**(spec.worker_kwargs() | {"init_seed": 11}))  # another head at first
+    in_process = CriticWorkerGroup.in_process(dataclasses.replace(spec, init_seed=11))  # another head
     RunCheckpoint(tmp_path, policy=policy, critic=in_process).load(directory=path)
     torch.testing.assert_close(in_process.compute_values(probe)["values"], at_save, atol=2e-5, rtol=1e-5)
 
@@ -159,7 +156,7 @@ def test_values_and_an_update_through_the_transfer_queue_are_the_direct_paths(gr
 
 
 def test_a_critic_rank_killed_mid_update_is_named_within_the_timeout(group, spec):
-    batch = with_returns(ragged_batch(n=8, seed=4), CriticWorker(**spec.worker_kwargs()))
+    batch = with_returns(ragged_batch(n=8, seed=4), CriticWorker(spec))
     group.ranks.timeout_s = 30.0
     victim = group.ranks.pids()[1]
     threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()

@@ -14,9 +14,9 @@ from stratarl.cluster.placement import WorkerSizes, make_plan  # noqa: E402
 from stratarl.cluster.policy_worker import PolicyWorker  # noqa: E402
 from stratarl.cluster.queue_rows import KEY  # noqa: E402
 from stratarl.cluster.queue_shard import BULK_FIELDS  # noqa: E402
-from stratarl.cluster.ranks import wire_bytes  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
-from stratarl.cluster.ray_policy_group import RayPolicyGroup  # noqa: E402
+from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
+from stratarl.cluster.ray_ranks import wire_bytes  # noqa: E402
 from stratarl.transport.field_checks import validate  # noqa: E402
 from stratarl.transport.kv_meta import KVBatchMeta  # noqa: E402
 from tests.cluster.test_ray_training import SAMPLING, spec  # noqa: E402,F401  (module fixture)
@@ -30,7 +30,9 @@ pytestmark = pytest.mark.ray
 def group(spec):  # noqa: F811
     os.environ.pop("RAY_ADDRESS", None)
     session = start_or_join(None, num_cpus=2)
-    group = RayPolicyGroup(spec, make_plan("colocated", WorkerSizes(training_workers=2)), call_timeout_s=120)
+    group = start_policy_group(
+        spec, make_plan("colocated", WorkerSizes(training_workers=2)), call_timeout_s=120
+    )
     yield group
     group.shutdown()
     session.shutdown()
@@ -42,7 +44,7 @@ def test_generation_writes_the_bulk_columns_to_the_queue_not_to_the_controller(g
     traffic = group.controller_bytes()
     assert KEY in batch and not any(name in batch for name in BULK_FIELDS)
     validate(batch, writes=["prompts", "input_ids", "position_ids", "responses"], phase="rollout")
-    single = PolicyWorker(**spec.worker_kwargs()).generate(prompts(7, seed=5), SAMPLING, seed=3)
+    single = PolicyWorker(spec).generate(prompts(7, seed=5), SAMPLING, seed=3)
     full = group.materialize(batch)
     for name in ("prompts", "input_ids", "position_ids", "attention_mask", "responses", "response_mask"):
         assert torch.equal(full[name], single[name]), name  # the layout one engine makes
@@ -54,7 +56,7 @@ def test_generation_writes_the_bulk_columns_to_the_queue_not_to_the_controller(g
 
 def test_scoring_and_update_through_the_queue_equal_one_process(group, spec):  # noqa: F811
     batch = group.generate(prompts(8, seed=2), SAMPLING, seed=1)
-    single = PolicyWorker(**spec.worker_kwargs())
+    single = PolicyWorker(spec)
     full = group.materialize(batch)
     group.controller_bytes()
     scored = group.compute_log_prob(batch, with_entropy=True)

@@ -15,7 +15,7 @@ from stratarl.cluster.placement import WorkerSizes, make_plan  # noqa: E402
 from stratarl.cluster.policy_worker import PolicyWorker  # noqa: E402
 from stratarl.cluster.ranks import WorkerError  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
-from stratarl.cluster.ray_policy_group import RayPolicyGroup  # noqa: E402
+from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
 from tests.cluster.test_ray_training import SAMPLING, spec  # noqa: E402, F401
 from tests.cluster.test_worker_group import prompts, with_advantages  # noqa: E402
 from tests.engine.tiny_batches import policy_gradient_loss  # noqa: E402
@@ -30,14 +30,14 @@ def group(spec):  # noqa: F811
     session = start_or_join(None, num_cpus=2)
     # 2 training ranks of half a CPU each + 1 replica of one CPU = the cluster's 2 CPUs
     plan = make_plan("split", WorkerSizes(training_workers=2, cpus_per_training_worker=0.5))
-    group = RayPolicyGroup(spec, plan, call_timeout_s=120, bucket_bytes=BUCKET_BYTES)
+    group = start_policy_group(spec, plan, call_timeout_s=120, bucket_bytes=BUCKET_BYTES)
     yield group
     group.shutdown()
     session.shutdown()
 
 
 def test_replica_serves_the_trained_weights_after_a_bucketed_sync(group, spec):  # noqa: F811
-    initial = PolicyWorker(**spec.worker_kwargs())
+    initial = PolicyWorker(spec)
     first = group.generate(prompts(8, seed=1), SAMPLING, seed=0)
     assert first["weight_version"].tolist() == [0] * 8
     group.update_actor(with_advantages(first), policy_gradient_loss, mini_batch_size=4)

@@ -14,14 +14,14 @@ from transformers import AutoModelForCausalLM
 ray = pytest.importorskip("ray")
 
 from stratarl.cluster.placement import PlacementError, WorkerSizes, make_plan  # noqa: E402
-from stratarl.cluster.policy_rank import PolicySpec  # noqa: E402
 from stratarl.cluster.policy_worker import PolicyWorker  # noqa: E402
 from stratarl.cluster.ranks import WorkerError  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
-from stratarl.cluster.ray_policy_group import RayPolicyGroup  # noqa: E402
+from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
 from stratarl.cluster.worker_group import PolicyWorkerGroup  # noqa: E402
 from stratarl.rollout.interface import SamplingParams  # noqa: E402
 from tests.cluster.test_worker_group import prompts, with_advantages  # noqa: E402
+from tests.cluster.tiny_specs import policy_spec  # noqa: E402
 from tests.engine.test_data_parallel import tolerance  # noqa: E402
 from tests.engine.tiny_batches import policy_gradient_loss, tiny_model  # noqa: E402
 
@@ -42,16 +42,13 @@ def cluster():
 def spec(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("policy")
     tiny_model(0, layers=2).save_pretrained(model_dir)
-    return PolicySpec(
-        model_path=str(model_dir), eos_token_ids=(1,), pad_token_id=0,
-        actor_kwargs={"lr": 1e-2, "micro_batch_size": 2},
-    )  # fmt: skip
+    return policy_spec(model_dir)
 
 
 @pytest.fixture(scope="module")
 def group(cluster, spec):
     plan = make_plan("colocated", WorkerSizes(training_workers=2))
-    group = RayPolicyGroup(spec, plan, call_timeout_s=120)
+    group = start_policy_group(spec, plan, call_timeout_s=120)
     yield group
     group.shutdown()
 
@@ -59,13 +56,13 @@ def group(cluster, spec):
 def test_impossible_plan_fails_before_any_actor_starts(cluster, spec):
     plan = make_plan("split", WorkerSizes(training_workers=2))  # 3 CPUs on a 2-CPU cluster
     with pytest.raises(PlacementError, match="needs 3 CPUs"):
-        RayPolicyGroup(spec, plan)
+        start_policy_group(spec, plan)
     assert ray.util.placement_group_table() == {}  # no pool was reserved
     assert ray.available_resources().get("CPU") == 2.0  # and no actor holds a CPU
 
 
 def test_two_ray_ranks_score_each_row_like_one_process(group, spec):
-    single = PolicyWorker(**spec.worker_kwargs())
+    single = PolicyWorker(spec)
     rollout = single.generate(prompts(7, seed=5), SAMPLING, seed=0)  # 7 rows: one pad row
     torch.testing.assert_close(
         group.compute_log_prob(rollout)["old_log_probs"],
@@ -83,7 +80,7 @@ def test_two_ray_ranks_update_like_one_process_then_serve_the_new_weights(group,
     assert two["pg_loss"] == pytest.approx(one["pg_loss"], rel=1e-5, abs=1e-7)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     saved = AutoModelForCausalLM.from_pretrained(group.save_pretrained(tmp_path / "two")).state_dict()
-    expected = single.ranks.workers[0].actor.model.state_dict()
+    expected = single.local_worker().actor.model.state_dict()
     for name, tensor in expected.items():
         torch.testing.assert_close(saved[name], tensor, atol=tolerance(name), rtol=0)
     assert group.sync_weights().version == 1 == group.weight_version  # both ranks' engines
@@ -95,7 +92,7 @@ def test_two_ray_ranks_update_like_one_process_then_serve_the_new_weights(group,
 
 
 def test_a_rank_killed_mid_update_is_named_within_the_timeout(group, spec):
-    single = PolicyWorker(**spec.worker_kwargs())
+    single = PolicyWorker(spec)
     batch = with_advantages(single.generate(prompts(8, seed=3), SAMPLING, seed=2))
     group.ranks.timeout_s = 30.0
     victim = group.ranks.pids()[1]

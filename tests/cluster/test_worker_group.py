@@ -1,15 +1,17 @@
 """In-process worker group: one rank is the PolicyWorker, two ranks keep row order, errors name the rank."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from stratarl.cluster.policy_rank import PolicySpec
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.ranks import InProcessRanks, WorkerError
-from stratarl.cluster.rollout_replica import RolloutReplicas
+from stratarl.cluster.rollout_set import RolloutReplicas
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
+from tests.cluster.tiny_specs import policy_spec
 from tests.engine.tiny_batches import V, policy_gradient_loss, tiny_model
 
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=5)
@@ -19,13 +21,7 @@ SAMPLING = SamplingParams(temperature=1.0, max_tokens=5)
 def spec(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("policy")
     tiny_model(0, layers=2).save_pretrained(model_dir)
-    return PolicySpec(
-        model_path=str(model_dir),
-        eos_token_ids=(1,),
-        pad_token_id=0,
-        actor_kwargs={"lr": 1e-2, "micro_batch_size": 2},
-        with_reference=True,
-    )
+    return policy_spec(model_dir, with_reference=True)
 
 
 def prompts(n: int, seed: int = 0) -> DataProto:
@@ -44,7 +40,7 @@ def with_advantages(rollout: DataProto, seed: int = 1) -> DataProto:
 
 
 def test_one_in_process_rank_is_the_policy_worker(spec):
-    group, worker = PolicyWorkerGroup.in_process(spec), PolicyWorker(**spec.worker_kwargs())
+    group, worker = PolicyWorkerGroup.in_process(spec), PolicyWorker(spec)
     batch = prompts(6)
     out_group, out_worker = group.generate(batch, SAMPLING, seed=3), worker.generate(batch, SAMPLING, seed=3)
     for name in ("responses", "input_ids", "response_mask", "rollout_log_probs", "weight_version"):
@@ -67,12 +63,12 @@ def test_one_in_process_rank_is_the_policy_worker(spec):
 def test_two_ranks_score_each_row_as_one_rank_and_keep_row_order(spec):
     """7 rows over 2 ranks (one pad row): each rank scores a balanced share; gathered, they are the
     single worker's log-probs row by row."""
-    workers = [PolicyWorker(**spec.worker_kwargs()) for _ in range(2)]
+    workers = [PolicyWorker(spec) for _ in range(2)]
     workers[1].rollout.replica_id = 1  # a router tells its replicas apart by id
     group = PolicyWorkerGroup(
         InProcessRanks("actor", workers), RolloutReplicas([w.rollout for w in workers], pad_token_id=0)
     )
-    single = PolicyWorker(**spec.worker_kwargs())
+    single = PolicyWorker(spec)
     rollout = single.generate(prompts(7, seed=5), SAMPLING, seed=0)
     torch.testing.assert_close(
         group.compute_log_prob(rollout)["old_log_probs"], single.compute_log_prob(rollout)["old_log_probs"]
@@ -82,7 +78,7 @@ def test_two_ranks_score_each_row_as_one_rank_and_keep_row_order(spec):
 
 
 def test_an_in_process_failure_names_role_rank_and_phase(spec):
-    plain = PolicySpec(**(spec.worker_kwargs() | {"with_reference": False}))
+    plain = dataclasses.replace(spec, reference=None)
     group = PolicyWorkerGroup.in_process(plain)
     rollout = group.generate(prompts(2), SAMPLING, seed=0)
     with pytest.raises(RuntimeError, match="without a reference model") as caught:

@@ -1,10 +1,12 @@
 """load_config merges defaults ← recipe ← overrides, and reports unknown keys and bad types together."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from stratarl.config import ConfigError, RunConfig, load_config, save_resolved_config, validate_config
+from stratarl.config.loading import path_keys
 from stratarl.config.schema_training import ValidationSamplingConfig
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -114,7 +116,30 @@ def test_saved_resolved_config_round_trips(tmp_path):
     path = save_resolved_config(cfg, tmp_path / "run")
     assert path == tmp_path / "run" / "config.yaml"
     assert "experiment_name: grpo-n6" in path.read_text()  # resolved, not the ${...} expression
-    assert load_config(path) == cfg
+    reloaded = load_config(path)
+    assert reloaded.data.train_files == [str(Path("x.parquet").absolute())]
+    assert dataclasses.replace(reloaded, data=cfg.data, trainer=cfg.trainer) == cfg
+    assert reloaded.trainer.output_root == str(Path("runs").absolute())
+
+
+def test_every_setting_that_names_a_path_is_saved_absolute(tmp_path, monkeypatch):
+    """A saved config repeats the run from any directory: each file and directory setting is made
+    absolute (against the directory the run started in); the list of such settings is pinned here."""
+    assert path_keys() == [
+        "data.train_files", "data.val_files", "model.path", "model.tokenizer_path",
+        "agent.tool_config_path", "agent.interaction_config_path", "reference.model_path",
+        "critic.model_path", "reward.custom_function_path", "trainer.resume_from_path",
+        "trainer.output_root", "trainer.run_dir",
+    ]  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["model.path=models/m", "data.train_files=[d/a.parquet,/abs/b.parquet]"])
+    text = save_resolved_config(cfg, "run").read_text()
+    monkeypatch.chdir("/")
+    saved = load_config(tmp_path / "run" / "config.yaml")
+    assert saved.model.path == str(tmp_path / "models" / "m")
+    assert saved.data.train_files == [str(tmp_path / "d" / "a.parquet"), "/abs/b.parquet"]
+    assert saved.model.tokenizer_path == "" and saved.trainer.run_dir == ""  # empty stays empty
+    assert "models/m\n" in text and not (tmp_path / "run" / "config.yaml.tmp").exists()
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)

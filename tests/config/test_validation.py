@@ -11,10 +11,12 @@ from stratarl.config import ConfigError, RunConfig, load_config, validate_config
 
 @pytest.fixture
 def paths(tmp_path):
-    """Overrides pointing at data files and a model directory that exist (contents are not read)."""
+    """Overrides pointing at data files and a model directory that exist (their files are empty)."""
     (tmp_path / "train.parquet").touch()
     (tmp_path / "val.parquet").touch()
     (tmp_path / "model").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer_config.json", "tokenizer.json"):
+        (tmp_path / "model" / name).touch()
     return [
         f"data.train_files=[{tmp_path / 'train.parquet'}]",
         f"data.val_files=[{tmp_path / 'val.parquet'}]",

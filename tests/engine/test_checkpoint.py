@@ -1,6 +1,13 @@
-"""Checkpoints: an exact resume, atomic publication, retention, HF export, and fallback past a broken one."""
+"""Checkpoints: an exact resume, atomic publication, retention within one run, HF export, fallback past a
+broken one, and a failed write (a full disk) that names its file and errno and leaves the previous one."""
 
+import errno
+import json
 import random
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,10 +15,18 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from stratarl.engine.actor import Actor, compute_log_probs
-from stratarl.engine.checkpoint import MANIFEST, TRACKER, CheckpointManager, checkpoint_problem
+from stratarl.engine.checkpoint import (
+    MANIFEST,
+    TRACKER,
+    CheckpointManager,
+    CheckpointWriteError,
+    checkpoint_problem,
+)
 from stratarl.engine.critic import Critic, value_model_from_causal_lm
 from tests.engine.test_critic import critic_batch, value_loss
 from tests.engine.tiny_batches import policy_gradient_loss, ragged_batch, tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_roles(seed):
@@ -160,3 +175,103 @@ def test_a_role_loaded_alone_gets_the_saved_state(tmp_path):
         assert torch.equal(saved, loaded), name
     with pytest.raises(ValueError, match="holds no 'reward_model'"):
         manager.load_role(1, "reward_model", fresh)
+
+
+def test_retention_removes_only_older_checkpoints_of_the_callers_run(tmp_path):
+    """Another run's checkpoints (steps 5, 6) beside this run's 1..3 are never removed, even when
+    their step numbers are higher; the newest max_to_keep of this run's stay."""
+    actor = make_roles(seed=0)["actor"]
+    manager = CheckpointManager(tmp_path)
+    for n in (5, 6, 1, 2, 3):
+        manager.save(n, {"actor": actor}, trainer_state={"run": "old" if n > 4 else "new"})
+
+    def ours(directory):
+        return torch.load(directory / "trainer_state.pt", weights_only=False)["run"] == "new"
+
+    assert manager.prune(2, newest=3, belongs=ours) == [1]
+    assert manager.steps() == [6, 5, 3, 2]
+    assert manager.prune(1, newest=3) == [2]  # without a filter: every older one, never a newer one
+    assert manager.steps() == [6, 5, 3]
+
+
+ENOSPC_SCRIPT = """
+import errno, json, sys, torch
+from pathlib import Path
+from stratarl.engine.checkpoint import CheckpointManager, CheckpointWriteError, checkpoint_problem
+from tests.engine.test_checkpoint import make_roles
+
+root = Path(sys.argv[1]) / "checkpoints"
+roles = make_roles(seed=0)
+manager = CheckpointManager(root, max_to_keep=1)
+manager.save(1, roles, hf_policy=roles["actor"], trainer_state={"step": 1})
+saved = {n: p.detach().clone() for n, p in roles["actor"].module.named_parameters()}
+with torch.no_grad():
+    for p in roles["actor"].module.parameters():
+        p.add_(1.0)
+try:
+    manager.save(2, roles, hf_policy=roles["actor"], trainer_state={"step": 2})
+    error = None
+except CheckpointWriteError as err:
+    error = {"errno": err.errno, "message": str(err)}
+fresh = make_roles(seed=5)
+loaded = manager.load(fresh)
+same = all(torch.equal(p, saved[n]) for n, p in fresh["actor"].module.named_parameters())
+print(json.dumps({
+    "error": error, "latest": manager.find_latest()[0], "problem": checkpoint_problem(root / "global_step_1"),
+    "loaded": loaded.step, "state": loaded.trainer_state, "same_weights": same,
+    "left": sorted(p.name for p in root.iterdir()),
+}))
+"""
+
+
+def _can_mount_a_private_tmpfs() -> bool:
+    probe = ["unshare", "-rm", "sh", "-c", "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _can_mount_a_private_tmpfs(), reason="needs unshare -rm to mount a private tmpfs")
+def test_a_full_disk_names_the_file_and_enospc_and_leaves_the_previous_checkpoint_loadable(tmp_path):
+    """A real ENOSPC: the save runs on a 320 KiB tmpfs (mounted in a private user and mount namespace)
+    that holds one checkpoint of the tiny roles (~200 KiB) but not a second beside it."""
+    code = 'mount -t tmpfs -o size=320k tmpfs "$0" && exec "$1" -c "$2" "$0"'
+    command = ["unshare", "-rm", "sh", "-c", code, str(tmp_path), sys.executable, ENOSPC_SCRIPT]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] is not None, "the second save fitted: the tmpfs is too large to test anything"
+    assert result["error"]["errno"] == errno.ENOSPC
+    message = result["error"]["message"]
+    assert "ENOSPC (No space left on device)" in message and "global_step_2" in message
+    assert re.search(r"writing \S+\.tmp-global_step_2/\S+ failed", message), message
+    assert "global_step_1 is intact and a resume uses it" in message
+    assert result["latest"] == 1 and result["problem"] is None
+    assert result["loaded"] == 1 and result["state"] == {"step": 1} and result["same_weights"]
+    assert result["left"] == ["global_step_1", TRACKER]  # the partial save is gone
+
+
+def test_an_os_error_at_any_write_leaves_the_previous_checkpoint_and_names_the_file(tmp_path, monkeypatch):
+    """The same without a tmpfs: EACCES injected at the k-th file write (the write call itself)."""
+    roles = make_roles(seed=0)
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, roles, hf_policy=roles["actor"])
+    real_save = torch.save
+    for k in range(1, 8):  # actor model, optimizer, extra, critic ..., rng
+        calls = []
+
+        def failing_save(obj, f, *args, k=k, calls=calls, **kwargs):
+            calls.append(f)
+            if len(calls) == k:
+                raise PermissionError(errno.EACCES, "Permission denied")
+            return real_save(obj, f, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "save", failing_save)
+        with pytest.raises(CheckpointWriteError) as info:
+            manager.save(2, roles, hf_policy=roles["actor"])
+        monkeypatch.setattr(torch, "save", real_save)
+        assert info.value.errno == errno.EACCES
+        assert f"writing {calls[k - 1].name} failed: EACCES (Permission denied)" in str(info.value)
+        assert manager.steps() == [1] and not list(tmp_path.glob(".tmp-*"))
+        assert manager.find_latest() == (1, [])

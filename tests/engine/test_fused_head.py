@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stratarl.engine.fused_head import head_scores, head_scores_naive, head_sum_pi_squared
+from stratarl.engine.fused_head import LogitTransform, head_scores, head_scores_naive, head_sum_pi_squared
 
 K, D, V = 7, 5, 11
 
@@ -46,6 +46,27 @@ def test_chunked_equals_naive_in_value_and_gradient(chunk_size, with_entropy):
         torch.testing.assert_close(ent, ent0, atol=1e-6, rtol=1e-6)
     for a, b in zip(grads, grads0, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "transform", [LogitTransform(softcap=1.5), LogitTransform(scale=0.25), LogitTransform(2.0, 3.0)]
+)
+def test_a_soft_capped_or_scaled_head_equals_the_naive_form_and_the_transform_by_hand(transform):
+    hidden, weight, bias, labels = inputs()
+    kwargs = dict(temperature=0.7, with_entropy=True, transform=transform)
+    lp, ent, grads = value_and_grads(head_scores, (hidden, weight, bias), labels, chunk_size=3, **kwargs)
+    lp0, ent0, grads0 = value_and_grads(head_scores_naive, (hidden, weight, bias), labels, **kwargs)
+    torch.testing.assert_close(lp, lp0, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent, ent0, atol=1e-6, rtol=1e-6)
+    for a, b in zip(grads, grads0, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    raw = (hidden @ weight.T + bias).detach()  # Gemma: logits = c·tanh(s·r/c); Cohere/Granite: s·r
+    logits = raw * transform.scale
+    if transform.softcap is not None:
+        logits = transform.softcap * torch.tanh(logits / transform.softcap)
+    expected = torch.log_softmax(logits / 0.7, -1).gather(-1, labels[:, None]).squeeze(-1)
+    torch.testing.assert_close(lp.double(), expected, atol=1e-6, rtol=1e-6)
+    assert (lp - head_scores(hidden, weight, bias, labels, temperature=0.7)[0]).abs().max() > 1e-2
 
 
 def test_values_by_hand_for_a_two_token_vocabulary():

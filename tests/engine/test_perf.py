@@ -33,6 +33,18 @@ def test_block_params_match_the_model_matmul_weights():
     assert ModelFlops.from_config(model.config).block_params == matmul
 
 
+def test_flops_from_the_model_count_its_own_matmuls_gated_or_not():
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2ForCausalLM
+
+    qwen = Qwen2ForCausalLM(tiny_config(layers=2))
+    assert ModelFlops.from_model(qwen, qwen.lm_head) == ModelFlops.from_config(qwen.config)
+    # GPT-2, d = 16, 3 blocks, MLP 4d ungated: c_attn 3d² + c_proj d² + c_fc, mlp c_proj 2·d·4d = 12d² a block
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=16, n_layer=3, n_head=2, n_positions=16))
+    flops = ModelFlops.from_model(gpt2, gpt2.lm_head)
+    assert flops.block_params == 3 * 12 * 16 * 16 and flops.head_params == 16 * 32
+    assert flops.attention_coeff == 4 * 3 * 2 * 8
+
+
 def test_mfu_is_achieved_over_peak():
     assert mfu(flops=6e9, seconds=2.0, peak_flops=6e9) == pytest.approx(0.5)
     assert mfu(flops=1.0, seconds=0.0, peak_flops=1.0) == 0.0

@@ -54,23 +54,22 @@ def test_without_row_ids_nothing_is_collected_and_pad_rows_are_dropped():
 
 
 class _Worker:
+    """What `PolicyWorker.update_actor` and `update_row_statistics` read of a worker: its actor."""
+
     def __init__(self, actor):
         self.actor = actor
 
-    def update_actor(self, batch, loss_fn, **options):
-        return self.actor.update(batch, loss_fn, **options)
-
-    def update_row_statistics(self):
-        return dict(self.actor.last_row_statistics)
-
 
 def test_a_worker_group_gathers_every_real_row_once_from_its_ranks():
+    from stratarl.cluster.policy_worker import PolicyWorker
     from stratarl.cluster.worker_group import PolicyWorkerGroup
 
     workers = [_Worker(Actor(tiny_model(), lr=1e-3, micro_batch_size=2)) for _ in range(3)]
     group = PolicyWorkerGroup.__new__(PolicyWorkerGroup)
     group.ranks, group.path = InProcessRanks("actor", workers), DirectDispatch()
     batch = traced_batch(workers[0].actor, n=8)  # 8 rows over 3 ranks: pad rows on some shares
-    group.path.update(group.ranks, "actor.update", "update_actor", batch, ActorLoss(), mini_batch_size=8)
+    group.path.update(
+        group.ranks, "actor.update", PolicyWorker.update_actor, batch, ActorLoss(), mini_batch_size=8
+    )
     stats = group.update_row_statistics()
     assert sorted(stats[ROW_ID].tolist()) == list(range(100, 108))

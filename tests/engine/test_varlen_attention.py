@@ -3,6 +3,7 @@
 import copy
 
 import torch
+from transformers import MistralConfig, MistralForCausalLM
 
 from stratarl.engine.varlen_attention import NAME, row_bounds, use_varlen_attention, varlen_kwargs
 from tests.engine.tiny_batches import tiny_model
@@ -22,10 +23,10 @@ def test_row_bounds_from_the_keywords_or_from_restarting_positions():
     query = torch.zeros(1, 2, ids.shape[1], 4)
     kwargs = varlen_kwargs(torch.tensor([3, 0, 5, 2]))  # an empty row is dropped
     assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 8, 10] and kwargs["max_length_q"] == 5
-    assert row_bounds(query, None, kwargs) == [0, 3, 8, 10]
-    assert row_bounds(query, None, {"position_ids": positions}) == [0, 3, 8, 10]
-    assert row_bounds(query, None, {"position_ids": torch.arange(10)[None]}) is None  # one row
-    assert row_bounds(query, torch.ones(1, 10), {"position_ids": positions}) is None  # a masked input
+    assert row_bounds(query, kwargs) == [0, 3, 8, 10]
+    assert row_bounds(query, {"position_ids": positions}) == [0, 3, 8, 10]
+    assert row_bounds(query, {"position_ids": torch.arange(10)[None]}) == [0, 10]  # one row
+    assert row_bounds(torch.zeros(2, 2, 5, 4), {"position_ids": torch.arange(5)[None]}) == [0, 5]  # [b, L]
 
 
 def test_packed_rows_attend_only_within_themselves():
@@ -42,6 +43,25 @@ def test_packed_rows_attend_only_within_themselves():
     torch.testing.assert_close(ours, alone, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(inferred, ours, atol=0, rtol=0)
     torch.testing.assert_close(masked, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_rows_of_a_sliding_window_model_keep_to_their_window():
+    config = MistralConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, sliding_window=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = MistralForCausalLM(config).eval()
+    reference = copy.deepcopy(model)  # transformers' SDPA with its sliding-window masks
+    use_varlen_attention(model)
+    rows, ids, positions = packed_rows()
+    with torch.no_grad():
+        ours = model(input_ids=ids, position_ids=positions, **varlen_kwargs(torch.tensor(LENGTHS))).logits[0]
+        alone = torch.cat([reference(input_ids=row[None]).logits[0] for row in rows])
+        reference.config.sliding_window = None  # the same rows without the window differ
+        unwindowed = torch.cat([reference(input_ids=row[None]).logits[0] for row in rows])
+    torch.testing.assert_close(ours, alone, atol=1e-5, rtol=1e-5)
+    assert (unwindowed - alone).abs().max() > 1e-3
 
 
 def test_padded_batches_and_cached_decoding_are_unchanged():

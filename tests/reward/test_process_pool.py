@@ -1,4 +1,5 @@
-"""The process pool: concurrent scoring, per-sample timeouts that kill, crashes and errors counted."""
+"""The process pool: concurrent scoring, per-sample timeouts that kill, exits, crashes, errors and
+output counted per data source; the pool keeps working after each."""
 
 import time
 
@@ -23,11 +24,27 @@ def test_a_hang_a_crash_and_an_error_cost_one_sample_each(pool):
     result = pool.score_batch(["d"] * 6, texts, ["a", "x", "x", "x", "b", "t"])
     assert time.monotonic() - started < 8.0
     assert result.scores.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 0.25]
-    assert result.failures == {"timeout": 1, "ValueError": 1, "worker_died": 1}
+    assert result.failures == {"timeout": 1, "ValueError": 1, "process_exit": 1}
+    assert result.sample_failures == [None, "timeout", "ValueError", "process_exit", None, None]
     assert result.extra["truth"][5] == "t"  # an async scorer's dict, extras kept
     assert pool.restarts >= 2
     again = pool.score_batch(["d", "d"], ["x", "y"], ["x", "z"])  # the pool still works
     assert again.scores.tolist() == [1.0, 0.0] and again.failures == {}
+
+
+def test_exits_crashes_and_output_are_counted_per_data_source(pool):
+    texts = ["exit0", "sysexit", "segfault", "print", "a"]
+    result = pool.score_batch(["s1", "s1", "s2", "s2", "s2"], texts, ["", "", "", "", "a"])
+    assert result.scores.tolist() == [0.0, 0.0, 0.0, 0.75, 1.0]
+    assert result.failures == {"process_exit": 1, "SystemExit": 1, "process_crash": 1}
+    metrics = result.metrics()
+    assert metrics["reward/failures/s1/process_exit"] == 1.0
+    assert metrics["reward/failures/s1/SystemExit"] == 1.0
+    assert metrics["reward/failures/s2/process_crash"] == 1.0
+    assert metrics["reward/failures/total"] == 3.0
+    # 1 MB printed: counted, 4 KB of it kept, none of it on our stdout
+    assert metrics["reward/output/bytes"] >= 2**20 and metrics["reward/output/capped_calls"] == 1.0
+    assert "SIGSEGV" in " ".join(result.failure_examples)
 
 
 def test_work_is_spread_over_the_workers(pool):
@@ -81,6 +98,6 @@ def test_a_pool_whose_workers_cannot_start_fails_its_samples_instead_of_hanging(
     with ScoringPool(scorer, num_workers=1, timeout_s=5) as pool:
         result = pool.score_batch(["d", "d"], ["a", "b"], ["a", "b"])
         assert result.scores.tolist() == [0.0, 0.0] and result.failures == {"pool_broken": 2}
-        assert "failed to start" in pool.broken
+        assert "failed to start" in pool.broken and "vanishing_reward.py" in pool.broken
         with pytest.raises(RuntimeError, match="failed to start"):
             pool.submit("d", "a", "a")

@@ -1,18 +1,23 @@
 """The same rollout contract on every backend (torch always; vLLM under `make test-vllm`): log-probs equal a
 teacher-forced fp32 forward, per-request seeds reproduce, stop ids / stop strings / max tokens are
-honoured, the async API matches the batch API, and weight sync changes outputs and bumps the version."""
+honoured, ignore_eos / min_tokens force the length, the async API matches the batch API, weight sync
+changes outputs and bumps the version, and a LoRA policy syncs its adapter alone after the base."""
 
 import asyncio
+import copy
+import dataclasses
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stratarl.data.tiny_models import build_tiny_model
+from stratarl.engine.lora import apply_lora, base_state
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, SamplingParams
 from stratarl.rollout.torch_engine import TorchRolloutEngine
-from stratarl.rollout.weight_sync import WeightSyncError
+from stratarl.rollout.weight_sync import WeightSyncError, tensor_bytes
+from tests.rollout.test_adapter_sync import randomize_adapter, snapshot
 from tests.rollout.test_torch_engine import teacher_forced_log_probs
 
 CORPUS = [f"question {i}: what is {i} plus {i + 1}? the answer is {2 * i + 1}." for i in range(60)]
@@ -163,3 +168,73 @@ def test_vllm_sleep_mode_is_refused_where_the_platform_lacks_it(backend):
         pytest.skip("sleep mode needs enable_sleep_mode=True at construction; covered on GPU machines")
     with pytest.raises(NotImplementedError, match="GPU only"):
         engine.sleep()
+
+
+def test_ignore_eos_and_min_tokens_force_the_response_length(backend, model_dir, tokenizer):
+    # after the weight-sync test: it serves a model whose EOS logit beats the greedy token at every
+    # step (the EOS embedding, tied to the head, is twice the greedy first token's), so greedy
+    # decoding stops at once; ignore_eos and min_tokens must then still give max_tokens tokens
+    _, engine = backend
+    eos, max_tokens = tokenizer.eos_token_id, 7
+    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    reference = TorchRolloutEngine(original, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
+    greedy = [
+        GenerationRequest(f"g{i}", p, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+        for i, p in enumerate(prompts(tokenizer))
+    ]
+    plain = reference.generate(greedy)
+    assert all(eos not in r.response_ids for r in plain)
+    boosted = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    embedding = boosted.get_input_embeddings().weight
+    with torch.no_grad():
+        embedding[eos] = 2 * embedding[plain[0].response_ids[0]]
+    engine.load_weights(boosted.state_dict(), version=engine.weight_version + 1)
+
+    def run(**options):
+        requests = [
+            dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, **options)) for r in greedy
+        ]
+        return engine.generate(requests)
+
+    stopped = run()[0]
+    assert (stopped.response_ids, stopped.finish_reason, stopped.stop_reason) == ((eos,), "stop", eos)
+    for result in run(ignore_eos=True):
+        assert len(result.response_ids) == max_tokens and result.finish_reason == "length"
+    assert eos in run(ignore_eos=True)[0].response_ids  # sampled and kept as an ordinary token
+    forced = run(min_tokens=max_tokens)  # EOS is never drawn: the original model's greedy responses
+    assert [r.response_ids for r in forced] == [r.response_ids for r in plain]
+    assert all(r.finish_reason == "length" for r in forced)
+    partly = run(min_tokens=3)[0]  # EOS banned for 3 tokens, then it wins again
+    assert partly.response_ids == (*plain[0].response_ids[:3], eos) and partly.finish_reason == "stop"
+
+
+def test_a_lora_policy_syncs_base_then_adapter_only_and_is_served_merged(backend, model_dir, tokenizer):
+    # last: it serves the adapted model. The first load brings the base weights and the adapter,
+    # later ones the adapter alone (A and B travel); the engine then generates as the merged model.
+    _, engine = backend
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy = apply_lora(copy.deepcopy(base), rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    greedy = [
+        GenerationRequest(f"l{i}", p, SamplingParams(temperature=0.0, max_tokens=8))
+        for i, p in enumerate(prompts(tokenizer))
+    ]
+    for step, seed in enumerate((1, 2)):
+        randomize_adapter(policy, seed=seed)  # a training step moved the adapter
+        update, merged = snapshot(policy)
+        first = step == 0
+        report = engine.load_adapter(
+            update,
+            engine.weight_version + 1,
+            base=base_state(policy.get_base_model().state_dict()) if first else None,
+        )
+        assert report.num_bytes == update.num_bytes + (tensor_bytes(merged) if first else 0)
+        served_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        served_model.load_state_dict(merged)
+        reference = TorchRolloutEngine(served_model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=0)
+        expected = reference.generate(greedy)
+        results = engine.generate(greedy)
+        assert [r.response_ids for r in results] == [r.response_ids for r in expected]
+        for got, want in zip(results, expected, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-3, rtol=0
+            )

@@ -36,7 +36,7 @@ def test_random_admit_decode_remove_sequence_matches_a_plain_list():
             reference += [[k[0].clone() for k, _ in kv] for _ in range(copies)]
         elif action == 1:  # a decode step: every row writes one new column
             cache.ensure_columns(1)
-            mask = cache.decode_mask()[:, 0, 0]  # [n, span]
+            mask = cache.decode_mask()  # [n, span]
             new = torch.randn(len(reference), H, 1, D, generator=g)
             for layer in range(LAYERS):
                 keys, _ = cache.update(new, new, layer)

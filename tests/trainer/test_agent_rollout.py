@@ -9,16 +9,11 @@ import torch
 
 from stratarl.config import ConfigError, load_config, validate_config
 from stratarl.data.schema import read_rows, write_rows
-from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
-from stratarl.data.tiny_models import build_tiny_model
-from stratarl.data.tokenizer_factory import corpus_from_parquet
-from stratarl.observe.run_log import RunLog, read_metrics
-from stratarl.trainer import builders, phases
+from stratarl.observe.run_log import read_metrics
+from stratarl.trainer import builders, phases, reward_builder
 from stratarl.trainer.agent_rollout import build_agent_rollout, check_agent_names
-from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation, tool_call_success_rate
 from stratarl.trainer.rl_trainer import RLTrainer
-from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.tool_quickstart import RECIPE
 
 SMALL = [
@@ -48,33 +43,30 @@ def tool_config(task, *extra):
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    """The tool task and a 1M model that SFT taught to call the calculator (all demonstrations use it),
-    so that sampled episodes really contain tool calls."""
-    root = tmp_path_factory.mktemp("tool_task")
-    paths = make_tool_dataset(
-        root / "data", n_train=64, n_test=6, digits=(3, 3), tool_fraction=1.0, with_instruction=False, seed=0
-    )
-    corpus = corpus_from_parquet([paths["train"]])
-    task = {**paths, "model": build_tiny_model(root / "model", size="1m", corpus_texts=corpus, seed=0)}
-    cfg = tool_config(task, "sft.lr=3e-3")
-    tokenizer = builders.load_tokenizer(cfg)
-    dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
-    worker = sft_worker(cfg, tokenizer, total_steps=60)
-    log = RunLog(root / "sft")
-    run_sft(worker, dataset, tokenizer, examples_per_step=16, total_steps=60, seed=0, log=log,
-            make_batch=agent_sft_batch)  # fmt: skip
-    worker.save_pretrained(root / "sft_model")
-    tokenizer.save_pretrained(root / "sft_model")
-    return {**task, "model": root / "sft_model"}
+def task(sft_tool_task):
+    return sft_tool_task
+
+
+@pytest.fixture
+def built_agent():
+    """build_agent_rollout, with the tool workers of every agent it made stopped afterwards."""
+    made = []
+
+    def build(cfg, tokenizer):
+        made.append(build_agent_rollout(cfg, tokenizer))
+        return made[-1]
+
+    yield build
+    for agent in made:
+        agent.close()
 
 
 def test_two_grpo_steps_run_episodes_with_tool_calls_and_record_them(task, tmp_path):
     trainer = RLTrainer(tool_config(task), tmp_path / "run")
     assert trainer.agent is not None and "calculator" in trainer.agent.tools
-    before = {k: v.clone() for k, v in trainer.worker.actor.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.worker.local_worker().actor.model.state_dict().items()}
     last_val = trainer.fit()
-    after = trainer.worker.actor.model.state_dict()
+    after = trainer.worker.local_worker().actor.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
 
     train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "train"]
@@ -101,11 +93,11 @@ def test_two_grpo_steps_run_episodes_with_tool_calls_and_record_them(task, tmp_p
     assert validations and "turns" in json.loads(validations[0].read_text().splitlines()[0])
 
 
-def test_tool_tokens_have_mask_zero_and_no_log_prob(task):
+def test_tool_tokens_have_mask_zero_and_no_log_prob(built_agent, task):
     cfg = tool_config(task, "rollout.n=8")
     tokenizer = builders.load_tokenizer(cfg)
     dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
-    agent = build_agent_rollout(cfg, tokenizer, builders.build_compute_score(cfg))
+    agent = built_agent(cfg, tokenizer)
     worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
     prompts = phases.expand_prompts(
         builders.prompts_batch(dataset, [0, 1, 2, 3], tokenizer.pad_token_id), 8, "t"
@@ -128,22 +120,26 @@ def test_tool_tokens_have_mask_zero_and_no_log_prob(task):
     assert observed > 0
     # the logged rollout log-probs are those of the sampled tokens: a teacher-forced forward agrees
     with torch.no_grad():
-        logits = worker.rollout.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits.float()
+        logits = (
+            worker.local_worker()
+            .rollout.model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"],
+            )
+            .logits.float()
+        )
     P, T = batch["prompts"].shape[1], batch["responses"].shape[1]
     log_softmax = torch.log_softmax(logits[:, P - 1 : P + T - 1], -1)  # [N, T, V]
     forward = log_softmax.gather(-1, batch["responses"][..., None])[..., 0]
     torch.testing.assert_close(forward * mask, log_probs, atol=2e-4, rtol=0)
 
 
-def test_agent_validation_reports_accuracy_and_tool_success(task):
+def test_agent_validation_reports_accuracy_and_tool_success(built_agent, task):
     cfg = tool_config(task)
     tokenizer = builders.load_tokenizer(cfg)
     val_set = builders.load_prompts(cfg.data.val_files, tokenizer, max_prompt_tokens=64, limit=None)
-    agent = build_agent_rollout(cfg, tokenizer, builders.build_compute_score(cfg))
+    agent = built_agent(cfg, tokenizer)
     worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
     metrics, records = run_agent_validation(
         agent, worker, val_set, tokenizer=tokenizer, compute_score=builders.build_compute_score(cfg),
@@ -181,37 +177,41 @@ def test_agent_settings_are_validated_naming_the_key(task):
         validate_config(tool_config(task, "agent.truncate_side=left"))
     tokenizer = builders.load_tokenizer(tool_config(task))
     with pytest.raises(ConfigError, match=r"agent\.max_parallel_calls"):
-        build_agent_rollout(tool_config(task, "agent.max_parallel_calls=0"), tokenizer, None)
+        build_agent_rollout(tool_config(task, "agent.max_parallel_calls=0"), tokenizer)
     with pytest.raises(ConfigError, match=r"agent\.tool_config_path.*not found"):
-        build_agent_rollout(tool_config(task, "agent.tool_config_path=/nonexistent.yaml"), tokenizer, None)
+        build_agent_rollout(tool_config(task, "agent.tool_config_path=/nonexistent.yaml"), tokenizer)
     with pytest.raises(ConfigError, match="remax"):
-        build_agent_rollout(tool_config(task, "algorithm.adv_estimator=remax"), tokenizer, None)
+        build_agent_rollout(tool_config(task, "algorithm.adv_estimator=remax"), tokenizer)
     with pytest.raises(ConfigError, match=r"agent\.enable"):
         load_config(RECIPE, ["rollout.multi_turn.enable=true"])  # verl's key: the message gives ours
-    assert build_agent_rollout(tool_config(task, "agent.enable=false"), tokenizer, None) is None
+    assert build_agent_rollout(tool_config(task, "agent.enable=false"), tokenizer) is None
 
 
 def test_streaming_reward_scores_as_the_reward_phase_would(task):
-    cfg = tool_config(task, "agent.streaming_reward=true", "agent.reward_workers=1")
+    cfg = tool_config(task, "agent.streaming_reward=true", "reward.num_workers=1")
     tokenizer = builders.load_tokenizer(cfg)
     dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
     compute_score = builders.build_compute_score(cfg)
-    agent = build_agent_rollout(cfg, tokenizer, compute_score)
+    agent = build_agent_rollout(cfg, tokenizer)
+    rewards = reward_builder.build_reward(cfg)
     worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
     prompts = phases.expand_prompts(builders.prompts_batch(dataset, [0, 1], tokenizer.pad_token_id), 4, "s")
     try:
-        streamed, metrics = agent.generate(worker, prompts, builders.train_sampling(cfg), seed=5)
+        streamed, metrics = agent.generate(
+            worker, prompts, builders.train_sampling(cfg), seed=5, rewards=rewards
+        )
     finally:
         agent.close()
+        rewards.close()
     assert metrics["reward/failures/total"] == 0 and "reward/acc/mean" in metrics
-    scorer_columns = ("token_level_scores", "acc", "format_ok", "used_tool")
+    scorer_columns = ("token_level_scores", "acc", "format_ok", "used_tool", "reward_failure")
     unscored = streamed.select([c for c in streamed.columns if c not in scorer_columns])
     rescored, _, _ = phases.reward(unscored, tokenizer, compute_score)
     torch.testing.assert_close(streamed["token_level_scores"], rescored["token_level_scores"])
     assert torch.equal(streamed["acc"], rescored["acc"])
 
 
-def test_each_row_runs_the_agent_loop_its_dataset_row_names(task, tmp_path):
+def test_each_row_runs_the_agent_loop_its_dataset_row_names(built_agent, task, tmp_path):
     rows = read_rows(task["test"])
     for i, row in enumerate(rows):  # even rows: the single-turn loop; odd rows: no name, the default
         row["agent_name"] = "single_turn_agent" if i % 2 == 0 else None
@@ -220,7 +220,7 @@ def test_each_row_runs_the_agent_loop_its_dataset_row_names(task, tmp_path):
     tokenizer = builders.load_tokenizer(cfg)
     val_set = builders.load_prompts(cfg.data.val_files, tokenizer, max_prompt_tokens=64, limit=None)
     assert [item.agent_name for item in val_set.items] == [r["agent_name"] for r in rows]
-    agent = build_agent_rollout(cfg, tokenizer, builders.build_compute_score(cfg))
+    agent = built_agent(cfg, tokenizer)
     worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
     _, records = run_agent_validation(
         agent, worker, val_set, tokenizer=tokenizer, compute_score=builders.build_compute_score(cfg),

@@ -4,7 +4,6 @@ critic builder's two backends."""
 import pytest
 from transformers import AutoTokenizer
 
-from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.config import load_config
 from stratarl.trainer.builders import build_critic_worker, load_prompts
 
@@ -28,8 +27,8 @@ def test_max_prompts_minus_one_keeps_all_and_a_limit_subsamples_with_a_seed(task
 
 def test_the_critic_builder_gives_one_worker_here_and_needs_the_policy_group_on_ray(task):
     overrides = [f"model.path={task['model']}", "algorithm.adv_estimator=gae", "critic.lr=3e-4"]
-    critic = build_critic_worker(load_config(None, overrides), total_steps=3)
-    assert isinstance(critic, CriticWorker) and critic.critic.optimizer.param_groups[0]["lr"] == 3e-4
+    critic = build_critic_worker(load_config(None, overrides), total_steps=3).local_worker()
+    assert critic.critic.optimizer.param_groups[0]["lr"] == 3e-4
     on_ray = load_config(None, [*overrides, "cluster.backend=ray"])
     with pytest.raises(TypeError, match="build the policy first and pass it as policy="):
         build_critic_worker(on_ray, total_steps=3)  # its ranks need the policy group's pools

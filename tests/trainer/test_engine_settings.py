@@ -3,8 +3,8 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stratarl.cluster.policy_worker import load_causal_lm
 from stratarl.engine.actor import compute_log_probs
+from stratarl.engine.hf_models import ModelSpec, load_causal_lm
 from stratarl.engine.lora import base_state
 from stratarl.observe.run_log import read_metrics
 from stratarl.rollout.interface import SamplingParams
@@ -38,7 +38,8 @@ def test_three_lora_steps_from_a_recipe(task, tmp_path):
         "actor.max_tokens_per_micro_batch=160",  # ≥ max_prompt_tokens (64) + max_response_tokens (8)
     )
     trainer = RLTrainer(cfg, tmp_path / "run")
-    worker, actor = trainer.worker, trainer.worker.actor
+    worker = trainer.worker.local_worker()
+    actor = worker.actor
     assert (actor.batching.layout, actor.batching.max_tokens) == ("padded", 160)
     adapter_before = {n: p.detach().clone() for n, p in actor.model.named_parameters() if p.requires_grad}
     trainer.fit()
@@ -47,7 +48,9 @@ def test_three_lora_steps_from_a_recipe(task, tmp_path):
     assert adapter_before and all("lora_" in n for n in adapter_before)
     adapter_after = dict(actor.model.named_parameters())
     assert any(not torch.equal(adapter_after[n], p) for n, p in adapter_before.items()), "no adapter moved"
-    base_model = load_causal_lm(task["model"])  # the base under the adapter is still the directory's
+    base_model = load_causal_lm(
+        ModelSpec(str(task["model"]))
+    )  # the base under the adapter is still the directory's
     base_now = base_state(actor.lm.state_dict())
     assert all(torch.equal(base_now[n], t) for n, t in base_model.state_dict().items())
 
@@ -97,7 +100,7 @@ def test_packed_padded_and_token_budget_updates_agree(task):
             small_config(task, "actor.lr=1e-4", "actor.trajectories_per_micro_batch=2", *extra),
             tokenizer,
             total_steps=1,
-        )
+        ).local_worker()
         for name, extra in variants.items()
     }
     batch = sampled_batch(workers["packed"], task, tokenizer)

@@ -34,8 +34,8 @@ def two_steps(task, tmp_path, *overrides):
             *overrides,
         ],
     )
-    RLTrainer(cfg, tmp_path).fit()
-    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["phase"] == "train"]
+    RLTrainer(cfg, tmp_path / "run").fit()
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "train"]
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         assert math.isfinite(record["actor/pg_loss"]) and math.isfinite(record["actor/grad_norm"])

@@ -61,7 +61,8 @@ def test_trainer_trains_checkpoints_and_resumes_on_ray(task, tmp_path, placement
     assert all(r["controller/sent_bytes"] > 0 and r["controller/received_bytes"] > 0 for r in train)
     assert (run_dir / "checkpoints" / "global_step_2" / "huggingface" / "config.json").is_file()
 
-    resumed = RLTrainer(ray_config(task, run_dir, placement, total_steps=3), run_dir)
+    extend = ("trainer.resume_allow_changes=[trainer.total_steps]",)  # the finished run is extended
+    resumed = RLTrainer(ray_config(task, run_dir, placement, total_steps=3, extra=extend), run_dir)
     resumed.fit()
     train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3]
@@ -83,7 +84,8 @@ def test_ppo_critic_ranks_train_beside_the_actor_checkpoint_and_resume_on_ray(ta
     assert {p.name for p in critic_dir.iterdir()} == {"model.pt", "optimizer.pt", "extra.pt"}
     assert not list((run_dir / "checkpoints").glob(".staged-*"))
 
-    RLTrainer(ray_config(task, run_dir, "colocated", total_steps=3, extra=ppo), run_dir).fit()
+    extend = ("trainer.resume_allow_changes=[trainer.total_steps]",)  # the finished run is extended
+    RLTrainer(ray_config(task, run_dir, "colocated", total_steps=3, extra=(*ppo, *extend)), run_dir).fit()
     train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3]
     for record in train:

@@ -1,9 +1,11 @@
 """End to end in one process: a 1M-parameter model trains 3 GRPO steps, and bad input is survived."""
 
+import io
 import json
 
 import pytest
 import torch
+from rich.console import Console
 from transformers import AutoModelForCausalLM
 
 from stratarl.config import ConfigError, load_config
@@ -35,10 +37,10 @@ def small_config(task, *extra):
 
 def test_three_grpo_steps_train_log_and_save_a_reloadable_model(task, tmp_path):
     trainer = RLTrainer(small_config(task), tmp_path / "run")
-    before = {k: v.clone() for k, v in trainer.worker.actor.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.worker.local_worker().actor.model.state_dict().items()}
     last_val = trainer.fit()
 
-    after = trainer.worker.actor.model.state_dict()
+    after = trainer.worker.local_worker().actor.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
     assert trainer.worker.weight_version == 3  # one sync per step
 
@@ -54,8 +56,8 @@ def test_three_grpo_steps_train_log_and_save_a_reloadable_model(task, tmp_path):
     lines = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 16  # steps × B·n
     first = json.loads(lines[0])
-    assert {"source_split", "source_row", "uid", "sample_index", "prompt", "response", "reward", "advantage",
-            "weight_version"} <= first.keys()  # fmt: skip
+    assert {"source_split", "source_row", "uid", "sample_index", "prompt", "ground_truth", "response",
+            "reward", "reward_extra", "advantage", "weight_version"} <= first.keys()  # fmt: skip
     assert (tmp_path / "run" / "config.yaml").exists() and (tmp_path / "run" / "curves.png").exists()
 
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
@@ -106,3 +108,31 @@ def test_raising_reward_function_scores_zero_counts_and_goes_on(task, tmp_path):
     assert record["reward/failures/RuntimeError"] > 0
     assert record["reward/failures/total"] == record["reward/failures/RuntimeError"]
     assert 0 < record["critic/score/mean"] < 1
+
+
+def test_records_carry_ground_truth_and_scorer_extras_and_cut_responses_are_warned(task, tmp_path):
+    """Was: validation records had no prompt or ground truth, trajectory records no ground truth or
+    `acc`, and responses cut at rollout.max_response_tokens went unnoticed in validation."""
+    out = io.StringIO()
+    cfg = small_config(task, "trainer.total_steps=1", "rollout.max_response_tokens=4")
+    RLTrainer(cfg, tmp_path / "run", console=Console(file=out, width=200)).fit()
+    trajectory = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()[0])
+    row = read_rows(task["train"])[trajectory["source_row"]]
+    assert trajectory["ground_truth"] == row["reward_model"]["ground_truth"]
+    assert set(trajectory["reward_extra"]) == {"acc", "format_ok"}  # the arithmetic scorer's extras
+    generation = json.loads(
+        (tmp_path / "run" / "val_generations" / "step_1.jsonl").read_text().splitlines()[0]
+    )
+    val_row = read_rows(task["test"])[generation["source_row"]]
+    assert generation["ground_truth"] == val_row["reward_model"]["ground_truth"]
+    assert val_row["prompt"][0]["content"] in generation["prompt"]
+    assert generation["finish_reason"] in ("length", "stop") and generation["response_tokens"] <= 4
+    (val,) = [
+        r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "val" and r["step"] == 1
+    ]
+    ratio = val["val-aux/response_length/clip_ratio"]
+    assert ratio > 0.5  # an untrained model rarely ends within 4 tokens
+    assert (
+        f"warning: {ratio:.0%} of the validation responses stopped at rollout.max_response_tokens=4"
+        in out.getvalue()
+    )

@@ -78,10 +78,16 @@ def draw_expressions(
 
 
 def arithmetic_row(
-    expression: str, value: int, *, split: str, index: int, with_instruction: bool
+    expression: str,
+    value: int,
+    *,
+    split: str,
+    index: int,
+    with_instruction: bool,
+    instruction: str = INSTRUCTION,
 ) -> dict[str, Any]:
     """One verl-schema row. extra_info.answer is the reference response (verl's SFT convention)."""
-    question = f"What is {expression}?" + (INSTRUCTION if with_instruction else "")
+    question = f"What is {expression}?" + (instruction if with_instruction else "")
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": question}],
@@ -107,9 +113,11 @@ def make_arithmetic_dataset(
     num_operands: int = 2,
     non_negative: bool = False,
     with_instruction: bool = True,
+    instruction: str = INSTRUCTION,
     seed: int = 0,
 ) -> dict[str, Path]:
-    """Write `train.parquet` and `test.parquet` under `out_dir`; returns {"train": path, "test": path}."""
+    """Write `train.parquet` and `test.parquet` under `out_dir`; returns {"train": path, "test": path}.
+    `instruction` follows the question (e.g. " End your reply with 'Answer: <integer>'.")."""
     span = (digits, digits) if isinstance(digits, int) else tuple(digits)
     drawn = draw_expressions(
         n_test + n_train,
@@ -122,7 +130,9 @@ def make_arithmetic_dataset(
     out, paths = Path(out_dir), {}
     for split, pairs in (("test", drawn[:n_test]), ("train", drawn[n_test:])):
         rows = [
-            arithmetic_row(expr, value, split=split, index=i, with_instruction=with_instruction)
+            arithmetic_row(
+                expr, value, split=split, index=i, with_instruction=with_instruction, instruction=instruction
+            )
             for i, (expr, value) in enumerate(pairs)
         ]
         paths[split] = write_rows(out / f"{split}.parquet", rows)
@@ -148,6 +158,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--operands", type=int, default=2, help="operands per expression")
     parser.add_argument("--non-negative", action="store_true", help="keep only problems with a result >= 0")
     parser.add_argument("--no-instruction", action="store_true", help="omit the answer-format sentence")
+    parser.add_argument(
+        "--instruction",
+        default=INSTRUCTION,
+        help=f"the sentence after the question (default {INSTRUCTION!r})",
+    )
     parser.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -164,6 +179,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         num_operands=args.operands,
         non_negative=args.non_negative,
         with_instruction=not args.no_instruction,
+        instruction=args.instruction,
         seed=args.seed,
     )
     print(f"wrote {args.n_train} train prompts to {paths['train']}")

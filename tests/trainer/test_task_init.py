@@ -1,0 +1,132 @@
+"""`stratarl init` sizes a recipe and a tiny model from any verl parquet and checks the reward on it;
+docs/own_task.md's commands run as written (with smaller step counts)."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import AutoConfig
+
+from stratarl.cli import main
+from stratarl.config import load_config, validate_config
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "sort_numbers"
+# Appended to the doc's training commands: the same commands, a few steps long.
+SHORTER = {
+    "sft": ["sft.total_steps=3", "data.max_val_prompts=16"],
+    "train": [
+        "trainer.total_steps=1",
+        "data.prompts_per_step=4",
+        "actor.prompts_per_mini_batch=4",
+        "actor.trajectories_per_micro_batch=32",
+        "data.max_val_prompts=16",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def sort_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sort") / "data"
+    subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE / "make_data.py"),
+            "--out",
+            str(out),
+            "--n-train",
+            "300",
+            "--n-test",
+            "20",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def test_init_sizes_the_recipe_from_the_data_and_the_model_to_fit(sort_data, tmp_path, capsys):
+    out = tmp_path / "sort"
+    reward = str(EXAMPLE / "reward.py")
+    assert main(["init", str(sort_data / "train.parquet"), "--val", str(sort_data / "test.parquet"),
+                 "--reward", reward, "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    answers = re.search(
+        r"reference answer tokens \(with EOS\), 300 rows: \{'p50': \d+, 'p95': \d+, 'max': (\d+)\}", printed
+    )
+    assert answers and "mean reward of the reference answers: 1.000" in printed
+    longest = int(answers.group(1))
+    cfg = load_config(out / "recipe.yaml")
+    validate_config(cfg)
+    assert longest < cfg.rollout.max_response_tokens <= 2 * longest  # room for the longest answer
+    assert cfg.reward.custom_function_path == reward and cfg.model.path == str(out / "model")
+    assert cfg.sft.max_tokens == cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens
+    positions = AutoConfig.from_pretrained(out / "model").max_position_embeddings
+    assert positions >= cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens
+    assert f"model.path={Path('runs') / 'stratarl' / 'sort-sft' / 'final'}" in printed
+
+
+def test_init_checks_the_reward_on_the_data(sort_data, tmp_path, capsys):
+    train = str(sort_data / "train.parquet")
+    assert main(["init", train, "--out", str(tmp_path / "a")]) == 2  # no scorer for sort_numbers
+    assert "data_source 'sort_numbers'" in capsys.readouterr().err
+    reward = str(EXAMPLE / "reward.py")
+    assert (
+        main(["init", train, "--reward", reward, "--reward-function", "score", "--out", str(tmp_path / "b")])
+        == 2
+    )
+    assert "has no function 'score'; it defines: compute_score" in capsys.readouterr().err
+    lenient = tmp_path / "wrong.py"  # scores the reference answers 0: the reward is wrong, not the model
+    lenient.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                       "    return float(solution_str == ground_truth)\n")  # fmt: skip
+    assert main(["init", train, "--reward", str(lenient), "--out", str(tmp_path / "c")]) == 0
+    assert "the reference answers score 0.000 on average under the reward" in capsys.readouterr().err
+
+
+def doc_commands() -> list[str]:
+    """The shell lines of docs/own_task.md's ```bash blocks, in order (comments dropped)."""
+    text = (ROOT / "docs" / "own_task.md").read_text()
+    blocks = re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
+    lines = [line.split(" #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_the_own_task_walkthrough_runs_as_written(tmp_path):
+    commands = doc_commands()
+    assert [c.split()[:2] for c in commands] == [
+        ["python", "examples/sort_numbers/make_data.py"],
+        ["stratarl", "init"],
+        ["stratarl", "sft"],
+        ["stratarl", "train"],
+        ["stratarl", "train"],  # the rerun: refused
+    ]
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    for i, line in enumerate(commands):
+        words = shlex.split(line)
+        program = [sys.executable] if words[0] == "python" else [sys.executable, "-m", "stratarl"]
+        extra = SHORTER.get(words[1], []) if words[0] == "stratarl" else []
+        done = subprocess.run([*program, *words[1:], *extra], cwd=tmp_path, capture_output=True, text=True)
+        if i == len(commands) - 1:  # the doc shows that running it again is refused, with exit code 2
+            assert done.returncode == 2 and "refusing to start in" in done.stderr, done.stderr
+        else:
+            assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    run_dir = tmp_path / "runs" / "stratarl" / "sort"
+    assert (run_dir / "final" / "config.json").is_file() and (run_dir / "summary.json").is_file()
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]["max_response_tokens"] > 12
+
+
+def test_init_with_a_model_of_your_own_measures_with_its_tokenizer(sort_data, tmp_path, capsys):
+    train, reward = str(sort_data / "train.parquet"), str(EXAMPLE / "reward.py")
+    assert main(["init", train, "--reward", reward, "--out", str(tmp_path / "first")]) == 0
+    mine = tmp_path / "first" / "model"
+    assert (
+        main(["init", train, "--reward", reward, "--model", str(mine), "--out", str(tmp_path / "second")])
+        == 0
+    )
+    assert f"for {mine}" in capsys.readouterr().out
+    assert not (tmp_path / "second" / "model").exists()
+    assert load_config(tmp_path / "second" / "recipe.yaml").model.path == str(mine)
