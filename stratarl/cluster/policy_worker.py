@@ -83,7 +83,7 @@ class PolicyWorker:
             if with_rollout
             else None
         )
-        frozen = copy.deepcopy(model) if spec.reference is not None and spec.lora is None else None
+        frozen = reference_model(spec, model)
         if spec.lora is not None:  # only the adapters train
             model = apply_lora(model, **_lora_arguments(spec.lora))
         self.actor = build_actor(model, spec, dp)
@@ -236,15 +236,38 @@ def build_actor(model, spec: PolicySpec, dp: DataParallel) -> Actor:
     )
 
 
+def reference_model(spec: PolicySpec, start):
+    """The reference's own model: reference.model_path's (same vocabulary as the actor's), else a
+    frozen copy of the actor's start `start`; None under LoRA without a path (the base scores) or
+    without a reference."""
+    r = spec.reference
+    if r is None:
+        return None
+    if r.model is None:
+        return copy.deepcopy(start) if spec.lora is None else None
+    frozen = load_causal_lm(r.model)
+    ours, theirs = (
+        start.get_output_embeddings().weight.shape[0],
+        frozen.get_output_embeddings().weight.shape[0],
+    )
+    if ours != theirs:
+        raise ValueError(
+            f"reference.model_path={r.model.path}: its vocabulary has {theirs} entries, the actor's "
+            f"{ours}; the reference scores the actor's token ids, so both need the same tokenizer"
+        )
+    return frozen
+
+
 def build_reference(frozen, actor: Actor, spec: PolicySpec, dp: DataParallel) -> Reference:
-    """A frozen copy of the starting model, or under LoRA the base under the actor's adapter (no copy)."""
+    """`frozen` (`reference_model`) as the reference, or under LoRA without a reference model of its
+    own the base under the actor's adapter (no copy)."""
     r: ReferenceSpec = spec.reference
     batching = dict(
         micro_batch_size=r.batching.micro_batch_size,
         max_tokens_per_micro_batch=r.batching.max_tokens_per_micro_batch,
         layout=r.batching.layout,
     )
-    if spec.lora is not None:
+    if frozen is None:  # LoRA: the actor's base with the adapter off
         return Reference.base_of(actor, **batching)
     return Reference(
         frozen,

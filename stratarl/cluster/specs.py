@@ -75,11 +75,13 @@ class ActorSpec:
 
 @dataclass(frozen=True)
 class ReferenceSpec:
-    """The frozen reference policy's scoring settings. Under LoRA it is the actor's own model with
-    the adapter off, which scores through the actor's module (the actor's logit_chunk_size holds)."""
+    """The frozen reference policy: its scoring settings, and its model (None: a frozen copy of the
+    actor's start; under LoRA the actor's own model with the adapter off, which scores through the
+    actor's module, so the actor's logit_chunk_size holds)."""
 
     batching: BatchingSpec
     logit_chunk_size: int | None = LOGIT_CHUNK_SIZE
+    model: ModelSpec | None = None  # reference.model_path: a model of its own
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,12 @@ estimator that needs a critic with `critic.enable=false`; a group estimator (grp
 `rollout.n` < 2 — an **error**, because a group of one has no baseline; missing data files and
 model directories. Runnable but doubtful settings come back as warnings.
 
+**Every setting here does what it says.** `tests/config/test_every_key_is_read.py` checks that
+each key below is read by some module outside `stratarl/config/`, and that each listed choice is
+either built (some module names it) or refused at validation with a message naming the key — a
+choice this build lacks (`rollout.backend=sglang`, `vllm` without vLLM installed, `cluster.device=cuda`
+without CUDA) stops the run before anything loads.
+
 The **verl** column names the verl key a setting corresponds to, for porting verl scripts; writing
 a verl key here is an error whose message gives our name for it.
 """

@@ -85,8 +85,10 @@ class TrainerConfig:
     )
     logger: list[str] = setting(
         ["console", "jsonl"],
-        "where metrics go: jsonl (metrics.jsonl, always), console (a line per step), tensorboard "
-        "(<run_dir>/tensorboard), wandb (offline, <run_dir>/wandb; `wandb sync` uploads it)",
+        "where metrics go besides metrics.jsonl, the run's own record, written whether jsonl is "
+        "listed or not (resume, the summary, the curves and the doctor read it): console (a line per "
+        "step), tensorboard (<run_dir>/tensorboard), wandb (offline, <run_dir>/wandb; `wandb sync` "
+        "uploads it)",
         verl="trainer.logger",
         choices=LOGGERS,
     )
@@ -169,7 +171,11 @@ class SFTConfig:
     trajectories_per_micro_batch: int = setting(
         32, "examples per forward/backward pass", verl="data.micro_batch_size_per_gpu"
     )
-    max_tokens: int = setting(1024, "longest example in tokens (prompt + response)", verl="data.max_length")
+    max_tokens: int = setting(
+        1024,
+        "longest example in tokens (prompt + response + EOS); a longer one is refused, naming its row",
+        verl="data.max_length",
+    )
 
 
 @dataclass

@@ -265,10 +265,15 @@ class ActorConfig:
 
 @dataclass
 class ReferenceConfig:
-    """The frozen reference policy; it exists only when a KL term needs it. Under LoRA it is the actor's
-    own model with the adapter disabled (no copy), scored with the actor's micro-batch settings."""
+    """The frozen reference policy; it exists only when a KL term needs it. Under LoRA, without a
+    model_path of its own, it is the actor's own model with the adapter disabled (no copy), scored
+    with the actor's micro-batch settings."""
 
-    model_path: str = setting("", "directory of the reference model; empty: model.path (the actor's start)")
+    model_path: str = setting(
+        "",
+        "directory of the reference model (same vocabulary as the actor's); empty: a frozen copy of "
+        "model.path, the actor's start",
+    )
     trajectories_per_micro_batch: int = setting(
         16,
         "trajectories per forward pass when computing ref_log_prob",

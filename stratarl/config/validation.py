@@ -247,13 +247,6 @@ def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
             f"must name a global_step_N checkpoint directory, got {cfg.trainer.resume_from_path!r}",
         ),
         (
-            "jsonl" not in cfg.trainer.logger,
-            ("trainer.logger",),
-            f"must include 'jsonl', got {cfg.trainer.logger}: metrics.jsonl is the run's own record "
-            "(resume cuts it back; the run summary, the curves and the doctor read it), so it cannot "
-            "be turned off; add tensorboard / wandb beside it",
-        ),
-        (
             sft.trajectories_per_micro_batch > 0
             and sft.trajectories_per_step % sft.trajectories_per_micro_batch,
             ("sft.trajectories_per_step", "sft.trajectories_per_micro_batch"),

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
+from stratarl.observe.watchdog import WatchdogTimeout
 from stratarl.reward.registry import UnknownDataSourceError
 from stratarl.reward.sandbox_namespace import SandboxUnavailableError
 
@@ -43,8 +44,8 @@ def call_scorer(
         result = compute_score(data_source, solution_str, ground_truth, extra_info)
         if inspect.isawaitable(result):  # an `async def` scorer (verl accepts those too)
             result = run_awaitable(result)
-    except (UnknownDataSourceError, SandboxUnavailableError, KeyboardInterrupt):
-        raise
+    except (UnknownDataSourceError, SandboxUnavailableError, KeyboardInterrupt, WatchdogTimeout):
+        raise  # setup errors, and the user's or the watchdog's interrupt: the run's, not the sample's
     except BaseException as err:  # SystemExit too: a scorer must not end the run by raising
         message = f"exit code {err.code!r}" if isinstance(err, SystemExit) else str(err)[:200]
         return ScoreOutcome(0.0, {}, type(err).__name__, message)

@@ -159,7 +159,11 @@ def policy_spec(
         pad_token_id=tokenizer.pad_token_id,
         actor=ActorSpec(optimizer, batching, actor.logit_chunk_size, temperature=cfg.rollout.temperature),
         rollout=rollout_engine_spec(cfg),
-        reference=ReferenceSpec(reference_batching, reference.logit_chunk_size)
+        reference=ReferenceSpec(
+            reference_batching,
+            reference.logit_chunk_size,
+            model_spec(cfg, reference.model_path) if reference.model_path else None,
+        )
         if cfg.uses_reference
         else None,
         lora=LoraSpec(lora.rank, lora.alpha, targets if isinstance(targets, str) else tuple(targets))
@@ -182,7 +186,7 @@ def build_policy_worker(
     both the same way, and both build their workers from the same `PolicySpec`."""
     spec = policy_spec(cfg, tokenizer, total_steps=total_steps, model_path=model_path)
     c = cfg.cluster
-    if c.backend != "ray":
+    if c.backend == "in-process":
         return PolicyWorkerGroup.in_process(spec, threads=c.threads_per_worker)
     from stratarl.cluster.placement import WorkerSizes, make_plan
     from stratarl.cluster.ray_policy_group import start_policy_group
@@ -229,13 +233,17 @@ def rollout_correction_settings(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
+# algorithm.rollout_correction.loss_type -> the policy loss bypass mode trains with
+BYPASS_LOSSES = {"ppo_clip": "vanilla", "reinforce": "reinforce"}
+
+
 def build_actor_loss(cfg: RunConfig, *, old_log_prob_from_forward: bool = False) -> ActorLoss:
     """The actor's loss; old_log_prob_from_forward: π_old from the update's forward (`on_policy`)."""
     settings = asdict(cfg.actor.policy_loss)
     name = settings.pop("name")
     bypass = cfg.algorithm.rollout_correction.bypass_mode
     if bypass:  # verl forces the loss: PPO clip against π_rollout, or REINFORCE with IS weights
-        name = "reinforce" if cfg.algorithm.rollout_correction.loss_type == "reinforce" else "vanilla"
+        name = BYPASS_LOSSES[cfg.algorithm.rollout_correction.loss_type]
     return ActorLoss.from_settings(
         name,
         settings,
@@ -298,7 +306,7 @@ def build_critic_worker(
     of its own beside the policy's (`policy`, built first: its plan reserved the critic's half of
     each training bundle, and the critic reads the rows of its TransferQueue)."""
     spec = critic_spec(cfg, total_steps=total_steps)
-    if cfg.cluster.backend != "ray":
+    if cfg.cluster.backend == "in-process":
         return CriticWorkerGroup.in_process(spec, threads=cfg.cluster.threads_per_worker)
     from stratarl.cluster.ray_critic_group import start_critic_beside
 

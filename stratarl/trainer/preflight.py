@@ -84,6 +84,28 @@ def check_sft_answers(dataset: PromptDataset) -> None:
         raise ConfigError(problems)
 
 
+def check_sft_lengths(dataset: PromptDataset, tokenizer: Any, max_tokens: int) -> None:
+    """Every SFT example (prompt ++ reference answer ++ EOS) fits `sft.max_tokens` (verl's
+    data.max_length with truncation=error): a longer one is refused with its rows, never cut."""
+    lengths: dict[tuple[str, int], int] = {}
+    for item in dataset.items:
+        answer = tokenizer.encode(item.extra_info["answer"], add_special_tokens=False)
+        lengths[(item.source_file, item.source_row)] = len(item.prompt_ids) + len(answer) + 1
+    too_long = sorted(row for row, length in lengths.items() if length > max_tokens)
+    if too_long:
+        longest = max(lengths.values())
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    ("sft.max_tokens",),
+                    f"{max_tokens} tokens is shorter than {_rows(too_long)} of data.train_files "
+                    f"(prompt + answer + EOS; the longest is {longest} tokens): raise sft.max_tokens "
+                    "or drop those rows",
+                )
+            ]
+        )
+
+
 def _has_answer(item: Any) -> bool:
     answer = (item.extra_info or {}).get("answer")
     return isinstance(answer, str) and bool(answer)

@@ -23,7 +23,7 @@ from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import RunLog, write_atomically
-from stratarl.trainer import builders
+from stratarl.trainer import builders, preflight
 from stratarl.trainer.rl_trainer import RLTrainer, seed_everything
 from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.validation import evaluate_accuracy, overall_accuracy
@@ -104,6 +104,7 @@ def run_quickstart(
     )
 
     console.rule("SFT warm-start")
+    preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens)
     per_epoch = max(1, len(train_set) // cfg.sft.trajectories_per_step)
     sft_steps = cfg.sft.total_steps or cfg.sft.total_epochs * per_epoch
     worker = sft_worker(cfg, tokenizer, sft_steps)
@@ -114,6 +115,7 @@ def run_quickstart(
         tokenizer,
         examples_per_step=cfg.sft.trajectories_per_step,
         total_steps=sft_steps,
+        max_tokens=cfg.sft.max_tokens,
         seed=seed,
         log=RunLog(run_dir / "sft", console=console),
     )

@@ -82,7 +82,7 @@ def build_reward_model(cfg: RunConfig) -> RewardModelWorker | RayRewardModel:
         judge_no=m.judge_no,
         device="cuda" if m.gpus > 0 else "cpu",
     )
-    if cfg.cluster.backend != "ray":
+    if cfg.cluster.backend == "in-process":
         return RewardModelWorker(spec)
     return RayRewardModel(
         spec,

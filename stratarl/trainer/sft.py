@@ -116,13 +116,23 @@ def run_sft(
     log: RunLog,
     log_every: int = 10,
     make_batch: Callable[[PromptDataset, list[int], Any], DataProto] | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, float]:
     """`total_steps` optimizer steps of SFT; the rollout engine is synced at the end. `make_batch`
-    lays out the examples (default `sft_batch`; multi-turn: `agent_sft.agent_sft_batch`)."""
+    lays out the examples (default `sft_batch`; multi-turn: `agent_sft.agent_sft_batch`). An example
+    longer than `max_tokens` (sft.max_tokens) stops the run, naming it, before that step trains."""
     sampler = PromptSampler(len(dataset), batch_size=examples_per_step, seed=seed)
     metrics: dict[str, float] = {}
     for step in range(1, total_steps + 1):
-        batch = (make_batch or sft_batch)(dataset, sampler.next_batch(), tokenizer)
+        indices = sampler.next_batch()
+        batch = (make_batch or sft_batch)(dataset, indices, tokenizer)
+        lengths = batch["attention_mask"].sum(-1)
+        if max_tokens is not None and int(lengths.max()) > max_tokens:
+            item = dataset[indices[int(lengths.argmax())]]
+            raise ValueError(
+                f"sft.max_tokens={max_tokens}: {item.source_file} row {item.source_row} is "
+                f"{int(lengths.max())} tokens as an SFT example (step {step}); raise sft.max_tokens"
+            )
         metrics = worker.update_actor(batch, sft_loss, mini_batch_size=len(batch))
         metrics = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in metrics.items()}
         log.log_metrics(step, metrics, phase="sft")
@@ -146,6 +156,7 @@ def sft_from_config(cfg: RunConfig, run_dir: str | Path, *, console: Console | N
         train_set = preflight.load_split(cfg, "data.train_files", tokenizer)
         val_set = preflight.load_split(cfg, "data.val_files", tokenizer) if cfg.data.val_files else None
         preflight.check_sft_answers(train_set)
+        preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens)
         preflight.check_data_sources(compute_score, {"data.val_files": val_set})
         claim = claim_run_directory(lock, cfg, total_steps=None, console=console, can_resume=False)
         cleanup.callback(claim.release)
@@ -182,7 +193,7 @@ def _sft_run(
     before = accuracy(0)
     run_sft(
         worker, train_set, tokenizer, examples_per_step=cfg.sft.trajectories_per_step, total_steps=steps,
-        seed=cfg.trainer.seed, log=log,
+        seed=cfg.trainer.seed, log=log, max_tokens=cfg.sft.max_tokens,
     )  # fmt: skip
     after = accuracy(steps)
     final = (run_dir / "final").absolute()

@@ -132,6 +132,7 @@ def sft_until_copying(
         run_sft(
             worker, dataset, tokenizer, examples_per_step=cfg.sft.trajectories_per_step, total_steps=steps,
             seed=seed * 1_000 + done, log=log, log_every=steps, make_batch=agent_sft_batch,
+            max_tokens=cfg.sft.max_tokens,
         )  # fmt: skip
         done += steps
         losses = [r["sft/loss"] for r in log.history[-steps:]]

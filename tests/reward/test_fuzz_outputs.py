@@ -4,11 +4,13 @@ score is a finite float, every failure has a reason."""
 
 import math
 import random
+import sys
 
 import pytest
 import torch
 
 from stratarl.agent.tool_parsers import PARSERS
+from stratarl.observe.watchdog import WatchdogTimeout
 from stratarl.reward import arithmetic, code_exec, gsm8k, tool_arithmetic
 from stratarl.reward.batch_scorer import score_batch
 from stratarl.reward.process_pool import ScoringPool
@@ -144,3 +146,17 @@ def test_unpicklable_and_huge_returns_from_worker_processes():
     assert result.sample_failures[0] == "bad_return"  # a lambda cannot travel back
     assert result.scores.tolist()[1:] == [1.0, 0.5]
     assert len(result.extra["blob"][1]) == 2**24  # 16 MB of extras came back intact
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, WatchdogTimeout])
+def test_an_interrupt_inside_a_scorer_stops_the_run_not_the_sample(interrupt):
+    """SystemExit from a scorer costs its sample; Ctrl-C or the watchdog's interrupt, raised in the
+    controller's thread while an in-process scorer runs, must still reach the trainer."""
+
+    def scorer(*_):
+        raise interrupt("stop")
+
+    with pytest.raises(interrupt):
+        call_scorer(scorer, "src", "text", "1", {})
+    outcome = call_scorer(lambda *_: sys.exit(3), "src", "text", "1", {})
+    assert (outcome.score, outcome.reason, outcome.message) == (0.0, "SystemExit", "exit code 3")

@@ -36,7 +36,7 @@ def test_one_grpo_step(family, task, digits_reward, tmp_path):
         "algorithm.rollout_correction.rollout_is=token",  # logs rollout-vs-trainer log-prob gaps
     )
     trainer = RLTrainer(cfg, tmp_path / "run")
-    before = {k: v.clone() for k, v in trainer.worker.actor.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.worker.local_worker().actor.model.state_dict().items()}
     trainer.fit()
 
     [record] = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "train"]
@@ -44,7 +44,7 @@ def test_one_grpo_step(family, task, digits_reward, tmp_path):
     # the rollout engine and the trainer's forward give each sampled token the same log-prob
     gap = max(abs(record["rollout_corr/log_ppl_diff_max"]), abs(record["rollout_corr/log_ppl_diff_min"]))
     assert gap < 1e-5
-    after = trainer.worker.actor.model.state_dict()
+    after = trainer.worker.local_worker().actor.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert type(reloaded).__name__ == type(AutoModelForCausalLM.from_pretrained(model_dir)).__name__

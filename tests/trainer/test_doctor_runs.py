@@ -175,7 +175,14 @@ def test_a_step_that_sleeps_past_its_deadline_stops_the_run_with_stack_dumps(sft
     scorer = tmp_path / "sleepy.py"
     scorer.write_text(SLEEPY)
     run_dir = tmp_path / "run"
-    planted = [f"reward.custom_function_path={scorer}", "watchdog.phase_timeouts_s={reward: 3}"]
+    # In the controller's process: in scorer workers (the default) each call's own deadline ends a
+    # sleeping scorer first (a `timeout`, counted: tests/trainer/test_hostile_user_code.py), and the
+    # watchdog is what stops a phase that hangs in the controller itself.
+    planted = [
+        f"reward.custom_function_path={scorer}",
+        "reward.in_process=true",
+        "watchdog.phase_timeouts_s={reward: 3}",
+    ]
     recipe = str(ROOT / "recipes" / "grpo_arithmetic.yaml")
     cmd = [
         sys.executable,

@@ -8,7 +8,6 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from stratarl.config import ConfigError
 from stratarl.observe.data_metrics import data_metrics
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer.rl_trainer import RLTrainer
@@ -57,9 +56,17 @@ def test_tensorboard_and_wandb_mirror_metrics_jsonl_by_global_step(task, tmp_pat
     assert dry_run.returncode == 0 and "Would sync 1 run" in dry_run.stdout + dry_run.stderr
 
 
-def test_a_logger_list_without_jsonl_is_refused_naming_the_key(task):
-    with pytest.raises(ConfigError, match=r"trainer\.logger.*must include 'jsonl'"):
-        RLTrainer(small_config(task, "trainer.logger=[console,tensorboard]"), task["root"] / "never")
+def test_a_logger_list_without_jsonl_still_writes_the_runs_record(task, tmp_path):
+    """verl's lists (`[console, tensorboard]`) name no jsonl: metrics.jsonl is written anyway."""
+    cfg = small_config(
+        task, "trainer.logger=[console,tensorboard]", "trainer.total_steps=1", "trainer.test_freq=0"
+    )
+    RLTrainer(cfg, tmp_path / "run").fit()
+    (train,) = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "train"]
+    assert [s for s, _ in scalars(tmp_path / "run" / "tensorboard", "actor/pg_loss")] == [1]
+    assert scalars(tmp_path / "run" / "tensorboard", "actor/pg_loss")[0][1] == pytest.approx(
+        train["actor/pg_loss"]
+    )
 
 
 def test_prompt_clip_ratio_counts_prompts_at_the_configured_limit():

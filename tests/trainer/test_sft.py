@@ -1,5 +1,6 @@
 """SFT: examples are prompt ++ reference answer ++ EOS in the RL layout, and the NLL goes down."""
 
+import pytest
 import torch
 
 from stratarl.config import load_config
@@ -59,3 +60,44 @@ def test_sft_command_trains_evaluates_and_saves_a_loadable_model(task, tmp_path)
     AutoModelForCausalLM.from_pretrained(run_dir / "final")
     phases = [r["phase"] for r in RunLog.read(run_dir / "metrics.jsonl")]
     assert phases.count("sft") == 3 and phases.count("val") == 2
+
+
+def test_an_example_longer_than_sft_max_tokens_is_refused_before_the_model_loads(task, tmp_path, capsys):
+    from stratarl.cli import main
+
+    _, tokenizer, dataset = setup(task)
+    lengths = [
+        len(it.prompt_ids) + len(tokenizer.encode(it.extra_info["answer"])) + 1 for it in dataset.items
+    ]
+    limit = sorted(lengths)[len(lengths) // 2]  # half of the examples are longer
+    overrides = [
+        f"data.train_files=['{task['train']}']",
+        f"model.path={task['model']}",
+        f"trainer.run_dir={tmp_path / 'sft'}",
+        f"data.val_files=['{task['test']}']",
+        f"sft.max_tokens={limit}",
+    ]
+    assert main(["sft", str(RECIPE), *overrides]) == 2  # a config error: exit code 2, no traceback
+    err = capsys.readouterr().err
+    longer = sum(length > limit for length in lengths)
+    assert (
+        "sft.max_tokens" in err and f"{longer} rows" in err and f"the longest is {max(lengths)} tokens" in err
+    )
+    assert not (tmp_path / "sft" / "final").exists()
+
+
+def test_run_sft_stops_at_an_example_longer_than_max_tokens(task, tmp_path):
+    cfg, tokenizer, dataset = setup(task)
+    worker = sft_worker(cfg, tokenizer, total_steps=2)
+    with pytest.raises(ValueError, match=r"sft\.max_tokens=5: .* row \d+ is \d+ tokens"):
+        run_sft(
+            worker,
+            dataset,
+            tokenizer,
+            examples_per_step=4,
+            total_steps=2,
+            seed=0,
+            log=RunLog(tmp_path),
+            max_tokens=5,
+        )
+    assert worker.weight_version == 0  # no step trained, nothing synced
