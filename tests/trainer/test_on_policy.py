@@ -40,7 +40,8 @@ def test_the_loss_with_pi_old_from_its_forward_equals_the_loss_given_those_log_p
 
 
 def run_metrics(task, tmp_path, name, *extra):
-    trainer = RLTrainer(small_config(task, "trainer.total_steps=2", "trainer.test_freq=0", *extra), tmp_path / name)
+    cfg = small_config(task, "trainer.total_steps=2", "trainer.test_freq=0", *extra)
+    trainer = RLTrainer(cfg, tmp_path / name)
     trainer.fit()
     weights = trainer.worker.local_worker().actor.model.state_dict()
     train = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["phase"] == "train"]
@@ -80,10 +81,9 @@ def test_whatever_could_make_them_differ_keeps_the_separate_forward(task, extra,
     cfg = small_config(task, *extra)
     reuse, line = on_policy.old_log_prob_reuse(cfg)
     assert not reuse and blocker in line
-    assert on_policy.reuse_blockers(load_config(None, ["actor.prompts_per_mini_batch=16"]), Qwen2Config()) == []
-    assert "the model has dropout" in on_policy.reuse_blockers(
-        load_config(None, ["actor.prompts_per_mini_batch=16"]), Qwen2Config(attention_dropout=0.1)
-    )
+    one_step = load_config(None, ["actor.prompts_per_mini_batch=16"])
+    assert on_policy.reuse_blockers(one_step, Qwen2Config()) == []
+    assert "the model has dropout" in on_policy.reuse_blockers(one_step, Qwen2Config(attention_dropout=0.1))
 
 
 def test_two_mini_batches_still_run_the_old_forward(task, tmp_path):
