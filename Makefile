@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real bench lint format clean
+.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real test-gpu gpu-bundle gpu-check bench lint format clean
 
 setup: $(STAMP) sandbox-tools
 
@@ -88,6 +88,18 @@ bench: $(STAMP)
 	$(PY) -c "from importlib.metadata import version as v; assert v('trl') == '1.16.0'" 2>/dev/null \
 		|| $(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) benchmarks/vs_trl.py $(BENCH_ARGS)
+
+# The CUDA path (docs/benchmarks.md, "GPU check"): the gpu-marked tests (skipped without CUDA), what a GPU
+# machine that cannot download needs beside the checkout (.gpu-carry: pinned wheels, SmolLM2's shape),
+# and the one-command check itself (on a machine without CUDA it is the CPU dry run).
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -rs -m gpu tests/gpu
+
+gpu-bundle: real-model
+	bash benchmarks/gpu_bundle.sh $(PY)
+
+gpu-check: $(STAMP)
+	bash benchmarks/gpu_check.sh --python $(PY)
 
 lint: $(STAMP)
 	$(PY) -m ruff check stratarl tests benchmarks

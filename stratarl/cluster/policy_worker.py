@@ -7,6 +7,11 @@ the in-process backend) or on a Ray rank that has joined its role's process grou
 (`distributed=True`: the actor and reference are sharded with FSDP2 over it). The rank holds this
 object and runs these same methods on its share of rows (`rank_process.RankProcess`).
 
+Between phases the worker hands memory over, as verl's colocated mode does (`rollout.free_cache_engine`,
+`actor.fsdp.optimizer_offload`): a training phase starts by releasing the rollout engine's KV cache,
+and the optimizer state waits in CPU memory from the end of one update to the start of the next, so
+generation has it. Both are no-ops on CPU, where one RAM serves both phases.
+
 Weight sync is the same in both: the actor's full weights are gathered on rank 0 and handed to every
 rank's engine; a LoRA actor sends its base weights and adapter the first time, then the adapter
 alone (verl's adapter-only sync after `base_sync_done`).
@@ -14,8 +19,9 @@ alone (verl's adapter-only sync after `base_sync_done`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,7 @@ from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.hf_models import load_causal_lm
 from stratarl.engine.lora import apply_lora, base_state, is_lora, strip_prefix
+from stratarl.engine.perf import GIB
 from stratarl.rollout.factory import build_rollout_engine
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import (
@@ -89,6 +96,23 @@ class PolicyWorker:
         self.actor = build_actor(model, spec, dp)
         self.reference = None if spec.reference is None else build_reference(frozen, self.actor, spec, dp)
         self._base_synced = False  # LoRA: the engine holds the base weights after the first sync
+        # The colocated hand-off applies where generation and training share a GPU's memory.
+        on_gpu = self.actor.device.type != "cpu"
+        self.frees_rollout_cache = on_gpu and self.rollout is not None and spec.rollout.free_cache_engine
+        self.offloads_optimizer = on_gpu and spec.precision.offload_optimizer
+        self.released_bytes = 0  # KV cache freed since the last update (its metric)
+
+    # --- the colocated memory hand-off -----------------------------------------------------------
+    def release_rollout_cache(self) -> int:
+        """Free the rollout engine's KV cache before a training phase (when the hand-off applies);
+        the bytes released. Under CUDA the freed blocks go back to the driver too."""
+        if not self.frees_rollout_cache:
+            return 0
+        released = self.rollout.release_memory()
+        if released and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.released_bytes += released
+        return released
 
     # --- rollout -------------------------------------------------------------------------------
     def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
@@ -145,6 +169,7 @@ class PolicyWorker:
         self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
     ) -> DataProto:
         """`old_log_probs` (+ `entropys`, + `sum_pi_squared` for the OTB estimators), one forward."""
+        self.release_rollout_cache()
         out = self.actor.score_responses(
             batch, with_entropy=with_entropy, with_sum_pi_squared=with_sum_pi_squared
         )
@@ -154,6 +179,7 @@ class PolicyWorker:
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         if self.reference is None:
             raise RuntimeError("this worker was built without a reference model (PolicySpec.reference=None)")
+        self.release_rollout_cache()
         return DataProto.from_dict({"ref_log_prob": self.reference.compute_log_prob(batch)})
 
     def update_actor(
@@ -166,7 +192,12 @@ class PolicyWorker:
         shuffle_seed: int | None = None,
         with_entropy: bool = False,
     ) -> dict[str, float]:
-        return self.actor.update(
+        """One actor update, inside the hand-off: the rollout's KV cache released first, the optimizer
+        state brought back from CPU memory for the update and sent there again after it."""
+        self.release_rollout_cache()
+        if self.offloads_optimizer:
+            self.actor.reload_optimizer()
+        metrics = self.actor.update(
             batch,
             loss_fn,
             mini_batch_size=mini_batch_size,
@@ -174,6 +205,15 @@ class PolicyWorker:
             shuffle_seed=shuffle_seed,
             with_entropy=with_entropy,
         )
+        if self.actor.device.type != "cpu":  # spent: generation gets their memory (4 bytes a parameter)
+            self.actor.free_gradients()
+        if self.frees_rollout_cache:  # at this step's first training phase, usually the old log-prob
+            metrics["perf/rollout_cache_released_gb"] = self.released_bytes / GIB
+            self.released_bytes = 0
+        if self.offloads_optimizer:
+            metrics["perf/optimizer_offloaded_gb"] = self.actor.offload_optimizer() / GIB
+            torch.cuda.empty_cache()
+        return metrics
 
     def update_row_statistics(self) -> dict[str, torch.Tensor]:
         """The last actor update's per-row statistics (`row_id` [R], new log-prob, ratio, clipped
@@ -195,19 +235,32 @@ class PolicyWorker:
         (`engine.checkpoint`). staged_roles: roles their own workers staged for this step (a critic's),
         moved in with it."""
         manager = CheckpointManager(root, max_to_keep=max_to_keep, dp=self.actor.dp)
-        return manager.save(
-            step,
-            {CHECKPOINT_ROLE: self.actor},
-            hf_policy=self.actor,
-            tokenizer=tokenizer,
-            trainer_state=trainer_state,
-            staged=staged_roles,
-        )
+        with self._optimizer_on_device():  # gathered where the parameters are (nccl moves no CPU shards)
+            return manager.save(
+                step,
+                {CHECKPOINT_ROLE: self.actor},
+                hf_policy=self.actor,
+                tokenizer=tokenizer,
+                trainer_state=trainer_state,
+                staged=staged_roles,
+            )
 
     def load_checkpoint(self, root: str | Path, *, step: int | None = None) -> LoadedCheckpoint | None:
         """Restore the newest complete checkpoint under root (or `step`) into the actor and the RNG
         states; None when there is none."""
-        return CheckpointManager(root, dp=self.actor.dp).load({CHECKPOINT_ROLE: self.actor}, step=step)
+        with self._optimizer_on_device():
+            return CheckpointManager(root, dp=self.actor.dp).load({CHECKPOINT_ROLE: self.actor}, step=step)
+
+    @contextlib.contextmanager
+    def _optimizer_on_device(self) -> Iterator[None]:
+        """Under optimizer offload: the state beside the parameters for the block, in CPU memory after."""
+        if self.offloads_optimizer:
+            self.actor.reload_optimizer()
+        try:
+            yield
+        finally:
+            if self.offloads_optimizer:
+                self.actor.offload_optimizer()
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """The actor's weights as an HF directory (loadable with `from_pretrained`; LoRA merged)."""

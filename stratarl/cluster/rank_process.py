@@ -7,7 +7,8 @@ rank runs literally the construction code of the in-process backend, and every c
 two steps, because the ranks of a role must meet before any model is sharded over them:
 
 1. the constructor only sets this process's torch threads (its CPU share, or
-   `cluster.threads_per_worker`);
+   `cluster.threads_per_worker`) and, when Ray assigned it GPUs, its CUDA device (`cuda` in this
+   process then means that GPU: `cuda_device_index`);
 2. `start_ranks` asks every rank for its node, lets rank 0 choose where the group meets
    (`rendezvous_address`: loopback when all ranks share a node), and has every rank `join` there at
    once; joining builds the worker with `distributed=True` (its models sharded over the group).
@@ -19,7 +20,8 @@ the policy's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -33,6 +35,19 @@ from stratarl.cluster.ray_ranks import RayRanks
 from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
 
 WorkerBuild = Callable[..., Any]  # build() or build(distributed=True) -> the role's worker
+
+
+def cuda_device_index(gpu_ids: Sequence[str | int], visible_devices: str | None) -> int | None:
+    """The local CUDA index of the first GPU Ray assigned this process (None: none assigned).
+
+    Ray sets CUDA_VISIBLE_DEVICES to the ids it assigned, so the GPU is that id's position in the
+    variable (0 for one GPU a process); where Ray leaves the variable alone
+    (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES) the id is the index."""
+    if not gpu_ids:
+        return None
+    first = str(gpu_ids[0])
+    visible = [v.strip() for v in (visible_devices or "").split(",") if v.strip()]
+    return visible.index(first) if first in visible else int(first)
 
 
 class RankProcess:
@@ -50,6 +65,9 @@ class RankProcess:
     ):
         transformers.logging.disable_progress_bar()  # no per-process load bars in the driver log
         torch.set_num_threads(threads)  # this process's CPU share: never more threads than cores
+        self.cuda_index = cuda_device_index(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if self.cuda_index is not None:  # before any model, batch or nccl communicator touches a GPU
+            torch.cuda.set_device(self.cuda_index)
         self.rank, self.world_size, self.build = rank, world_size, build
         self.backend, self.timeout_s = backend, timeout_s
         self.worker: Any = None
@@ -77,6 +95,7 @@ class RankProcess:
             world_size=self.world_size,
             backend=self.backend,
             timeout_s=self.timeout_s,
+            cuda_index=self.cuda_index,
         )
         self.worker = self.build(distributed=True)
 

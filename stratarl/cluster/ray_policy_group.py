@@ -15,6 +15,7 @@ The result is a `PolicyWorkerGroup`, the handle the in-process backend returns t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from functools import partial
 
@@ -116,8 +117,11 @@ def start_policy_group(
 
 
 def start_replicas(spec: PolicySpec, deployment: RayDeployment) -> list:
-    """One `RolloutReplica` process per bundle of the rollout pool, each its engine built and ready."""
+    """One `RolloutReplica` process per bundle of the rollout pool, each its engine built and ready,
+    on the GPU its bundle reserves (cluster.gpus_per_rollout_replica), else on the CPU."""
     pool = deployment.plan.pool_of("rollout")
+    device = "cuda" if pool.gpus > 0 else "cpu"
+    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, device=device))
     actors = start_processes(
         pool,
         deployment.placement_groups[pool.name],

@@ -19,7 +19,6 @@ import torch
 from stratarl.cluster.queue_rows import KEY, QueueRows
 from stratarl.cluster.queue_shard import widen_integers
 from stratarl.cluster.ranks import ControllerTraffic
-from stratarl.cluster.ray_ranks import describe_calls
 from stratarl.observe.stack_dumps import ArmedProcess, dump_armed
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
@@ -81,6 +80,9 @@ class RolloutReplicas:
         return [f"{p.name}: pid {p.pid}" for p in self.armed]
 
     def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
+        # Imported here: ray_ranks imports ray, which a one-process run (a GPU check) need not have.
+        from stratarl.cluster.ray_ranks import describe_calls
+
         return dump_armed(self.armed, folder, header, describe_calls(self.last_calls))
 
     def take_traffic(self) -> dict[str, float]:

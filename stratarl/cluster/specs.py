@@ -46,11 +46,13 @@ class BatchingSpec:
 class PrecisionSpec:
     """`engine.data_parallel.DataParallel`'s settings: mixed precision (`param_dtype` computes in
     bf16/fp16 over fp32 master weights), FSDP2 CPU offload (GPU meshes only), and whether each
-    block's gathered parameters are freed after its forward (ZeRO-3) or kept for the backward."""
+    block's gathered parameters are freed after its forward (ZeRO-3) or kept for the backward; and
+    whether the optimizer state waits in CPU memory between updates (the colocated hand-off)."""
 
     param_dtype: str | None = None
     offload_params: bool = False
     reshard_after_forward: bool = True
+    offload_optimizer: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 A `choices` value that nothing builds is refused here, never replaced by a default: `sglang` (no
 engine yet), `vllm` where the package is not installed (it lives in an environment of its own),
-`cluster.device=cuda` without CUDA, FSDP2 offload without GPU training workers. Checked with every
-other problem by `validate_config`, before anything loads.
+`cluster.device=cuda` without CUDA (or for split-plan replicas that reserve no GPU), FSDP2 offload
+without GPU training workers. Checked with every other problem by `validate_config`, before anything
+loads.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ def runtime_problems(cfg: RunConfig) -> list[ConfigProblem]:
             c.device == "cpu" and c.backend == "ray" and gpus,
             ("cluster.device", "cluster.gpus_per_training_worker", "cluster.gpus_per_rollout_replica"),
             "GPUs are reserved for the workers, but cluster.device=cpu places their models on the CPU",
+        ),
+        (
+            c.device == "cuda"
+            and c.backend == "ray"
+            and c.placement == "split"
+            and not c.gpus_per_rollout_replica,
+            ("cluster.device", "cluster.gpus_per_rollout_replica"),
+            "cuda was asked for, but the rollout replicas of the split plan reserve no GPU; a replica "
+            "runs on the GPUs its bundle reserves",
         ),
     ]
     for role in ("actor", "critic"):

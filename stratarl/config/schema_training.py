@@ -77,6 +77,21 @@ class RolloutConfig:
         "no training trajectory ends before this many tokens: EOS and stop ids are not sampled until "
         "then (= max_response_tokens: every response has exactly that length)",
     )
+    dtype: str | None = setting(
+        None,
+        "dtype of the weights the rollout engine serves (its own copy; bfloat16: bf16 rollout over "
+        "fp32 training, as verl does on GPU); null: model.dtype",
+        verl=f"{ARF}.rollout.dtype",
+        choices=("float32", "bfloat16", "float16"),
+    )
+    free_cache_engine: bool = setting(
+        True,
+        "colocated hand-off: free the rollout engine's KV cache (decode buffers, cached prefixes) when "
+        "the same GPU starts a training phase; the next generation allocates it again. A no-op on CPU "
+        "(one RAM serves both phases) and for vllm (its pool is preallocated by gpu_memory_utilization; "
+        "its prefix cache is reset)",
+        verl=f"{ARF}.rollout.free_cache_engine",
+    )
     val_kwargs: ValidationSamplingConfig = section(ValidationSamplingConfig, "sampling for validation")
 
 
@@ -107,6 +122,13 @@ class ActorFSDPConfig:
         choices=MIXED_DTYPES,
     )
     offload_params: bool = setting(False, OFFLOAD_DOC, verl=f"{ARF}.actor.fsdp_config.param_offload")
+    optimizer_offload: bool = setting(
+        False,
+        "colocated hand-off: keep the actor's optimizer state (AdamW moments, 8 bytes a parameter) in "
+        "CPU memory between updates, so generation has that GPU memory; moved back for each update. "
+        "A no-op on CPU",
+        verl=f"{ARF}.actor.fsdp_config.optimizer_offload",
+    )
     reshard_after_forward: bool = setting(
         True, RESHARD_DOC, verl=f"{ARF}.actor.fsdp_config.reshard_after_forward"
     )

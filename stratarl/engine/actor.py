@@ -28,7 +28,7 @@ from stratarl.engine.lora import (
     merge_lora_state,
     strip_prefix,
 )
-from stratarl.engine.micro_batches import MicroBatching, model_device, run_in_micro_batches
+from stratarl.engine.micro_batches import MicroBatching, run_in_micro_batches
 from stratarl.engine.perf import ModelFlops
 from stratarl.engine.training import (
     BatchTotals,
@@ -82,7 +82,7 @@ def _score_batch(
     was_training = module.training
     module.eval()
     with context or nullcontext():
-        out = run_in_micro_batches(batch, batching, dp, score, model_device(module))
+        out = run_in_micro_batches(batch, batching, dp, score, dp.compute_device(module))
     module.train(was_training)
     mask = batch["response_mask"].to(torch.float32)
     return {name: value * mask for name, value in out.items()}

@@ -61,7 +61,7 @@ PARTS = ("model", "optimizer", "extra")
 
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # never a context where none was used
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -70,8 +70,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():  # saved elsewhere: the devices both sides have
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 class CheckpointWriteError(OSError):
@@ -394,13 +395,17 @@ class CheckpointManager:
             _read_role(role, directory / name, self.dp.rank == 0)
         rng_file = directory / "rng" / f"rank_{self.dp.rank}.pt"
         if rng_file.is_file():
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))
         else:
             warnings.warn(
                 f"{rng_file} is missing (saved with other ranks); RNG states not restored", stacklevel=2
             )
         trainer_file = directory / "trainer_state.pt"
-        trainer_state = torch.load(trainer_file, weights_only=False) if trainer_file.is_file() else None
+        trainer_state = (
+            torch.load(trainer_file, map_location="cpu", weights_only=False)
+            if trainer_file.is_file()
+            else None
+        )
         return LoadedCheckpoint(step=step, path=directory, trainer_state=trainer_state, skipped=skipped)
 
     def load_role(self, step: int, name: str, role: Any) -> None:
@@ -425,8 +430,8 @@ def _write_role(role: Any, directory: Path, main: bool, writes: _Writes) -> None
 def _read_role(role: Any, directory: Path, main: bool) -> None:
     """Rank 0 reads the model and optimizer states (broadcast by the role), every rank the small extra."""
     state = {
-        part: torch.load(directory / f"{part}.pt", weights_only=False) if main else {}
+        part: torch.load(directory / f"{part}.pt", map_location="cpu", weights_only=False) if main else {}
         for part in ("model", "optimizer")
     }
-    state["extra"] = torch.load(directory / "extra.pt", weights_only=False)
+    state["extra"] = torch.load(directory / "extra.pt", map_location="cpu", weights_only=False)
     role.load_checkpoint_state(state)

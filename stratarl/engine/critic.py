@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.forward import ValueScorer, ValueScores
-from stratarl.engine.micro_batches import MicroBatching, model_device, run_in_micro_batches
+from stratarl.engine.micro_batches import MicroBatching, run_in_micro_batches
 from stratarl.engine.perf import ModelFlops
 from stratarl.engine.training import (
     OptimizerSettings,
@@ -133,7 +133,7 @@ class Critic(TrainingEngine):
             self.batching,
             self.dp,
             lambda inputs: {"values": self.module.score(inputs).values},
-            model_device(self.module),
+            self.device,
         )
         self.module.train(was_training)
         return out["values"] * batch["response_mask"].to(torch.float32)

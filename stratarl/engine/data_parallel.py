@@ -74,7 +74,7 @@ class DataParallel:
         """All ranks of the initialised default process group as one data-parallel mesh."""
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        device = "cuda" if "nccl" in dist.get_backend() else "cpu"  # "nccl" or "cpu:gloo,cuda:nccl"
         return cls(mesh=init_device_mesh(device, (dist.get_world_size(),)), **kwargs)
 
     @property
@@ -89,6 +89,13 @@ class DataParallel:
     def autocast_dtype(self) -> torch.dtype | None:
         """The dtype for torch.autocast: only in one process (FSDP2 casts the parameters itself)."""
         return DTYPES[self.param_dtype] if self.mesh is None and self.param_dtype else None
+
+    def compute_device(self, module: nn.Module) -> torch.device:
+        """Where `module` computes, so where its batches go: its parameters' device, except under FSDP2
+        CPU offload, whose shards live in CPU memory and are gathered on this rank's GPU to compute."""
+        if self.offload_params and self.mesh is not None:
+            return torch.device(self.mesh.device_type, torch.cuda.current_device())
+        return next(module.parameters()).device
 
     # --- reductions ----------------------------------------------------------------------------
     def reduce(self, values: Sequence[float], op: str) -> list[float]:

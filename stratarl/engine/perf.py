@@ -92,22 +92,59 @@ def measured_matmul_peak(dtype: torch.dtype = torch.float32, device: str = "cpu"
     b = torch.randn(n, n, device=device).to(dtype)
     best = float("inf")
     for rep in range(6):
-        if device == "cuda":
+        if device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
         torch.mm(a, b)
-        if device == "cuda":
+        if device.startswith("cuda"):
             torch.cuda.synchronize()
         if rep:  # the first call warms up
             best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best
 
 
-def default_peak_flops(dtype: torch.dtype = torch.float32) -> float:
-    """The denominator when none is configured: on CPU, the reference machine's per-thread peak ×
-    torch threads; on GPU, a measurement (no table of GPU peaks is kept)."""
-    if torch.cuda.is_available():
-        return measured_matmul_peak(dtype, "cuda")
+# Dense (no sparsity) peak FLOP/s by the vendors' datasheets: bf16/fp16 on the tensor cores, and plain
+# fp32 (PyTorch leaves TF32 matmuls off by default, so fp32 training runs on the fp32 units). Keyed on
+# words of `torch.cuda.get_device_name` ("NVIDIA H100 80GB HBM3" -> {nvidia, h100, 80gb, hbm3}); the
+# first row whose words all appear wins, so the PCIe/NVL variants come before their SXM row.
+GPU_PEAK_FLOPS: tuple[tuple[frozenset[str], float, float], ...] = tuple(
+    (frozenset(words.split()), bf16 * 1e12, fp32 * 1e12)
+    for words, bf16, fp32 in (
+        ("h100 pcie", 756.0, 51.2),
+        ("h100 nvl", 835.0, 60.0),
+        ("h100", 989.4, 66.9),  # SXM5 (reported as "NVIDIA H100 80GB HBM3")
+        ("h200 nvl", 835.0, 60.0),
+        ("h200", 989.4, 66.9),  # SXM (reported as "NVIDIA H200"): an H100's compute, more memory
+        ("gh200", 989.4, 66.9),
+        ("h800", 989.4, 66.9),
+        ("a100", 312.0, 19.5),  # SXM4 and PCIe, 40 and 80 GB
+        ("a800", 312.0, 19.5),
+        ("l40s", 362.0, 91.6),
+        ("l4", 121.0, 30.3),
+        ("a10", 125.0, 31.2),
+    )
+)
+
+
+def gpu_peak_flops(device_name: str, dtype: torch.dtype) -> float | None:
+    """The datasheet peak of the GPU called `device_name` in `dtype`; None for a GPU not in the table."""
+    words = set(device_name.lower().replace("-", " ").split())
+    for keys, bf16, fp32 in GPU_PEAK_FLOPS:
+        if keys <= words:
+            return fp32 if dtype == torch.float32 else bf16
+    return None
+
+
+def default_peak_flops(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> float:
+    """The MFU denominator when none is configured, for a model on `device` computing in `dtype`.
+
+    cuda: the datasheet peak of that GPU (`GPU_PEAK_FLOPS`); a GPU not in the table gets a measured
+    n×n matmul peak instead (below the datasheet's, so its MFU reads high). cpu: the reference
+    machine's per-thread peak × torch threads."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        peak = gpu_peak_flops(torch.cuda.get_device_name(device), dtype)
+        return peak if peak is not None else measured_matmul_peak(dtype, str(device))
     return (
         CPU_PEAK_FLOPS_PER_THREAD.get(dtype, CPU_PEAK_FLOPS_PER_THREAD[torch.float32])
         * torch.get_num_threads()
@@ -119,12 +156,13 @@ def mfu(flops: float, seconds: float, peak_flops: float) -> float:
     return 0.0 if seconds <= 0 else flops / seconds / peak_flops
 
 
-def memory_metrics() -> dict[str, float]:
-    """`perf/max_memory_allocated_gb`: the CUDA allocator's peak when a GPU is in use, else this
-    process's peak resident memory (the CPU is the device). `perf/cpu_memory_used_gb`: this process's
-    resident memory now."""
+def memory_metrics(device: torch.device | str = "cpu") -> dict[str, float]:
+    """`perf/max_memory_allocated_gb`: the CUDA allocator's peak on `device` when the model lives on a
+    GPU, else this process's peak resident memory (the CPU is the device). `perf/cpu_memory_used_gb`:
+    this process's resident memory now."""
+    device = torch.device(device)
     peak_rss = _peak_rss_bytes()
-    device_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else peak_rss
+    device_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss
     return {
         "perf/max_memory_allocated_gb": device_peak / GIB,
         "perf/cpu_memory_used_gb": _current_rss_bytes(peak_rss) / GIB,

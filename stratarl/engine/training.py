@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from stratarl.engine.data_parallel import DTYPES, DataParallel, clip_grad_norm
 from stratarl.engine.micro_batches import MicroBatching, model_device, model_inputs, plan_micro_batches
+from stratarl.engine.offload import move_optimizer_state
 from stratarl.engine.optim import build_lr_schedule, build_optimizer
 from stratarl.engine.packing import ModelInputs, padding_share
 from stratarl.engine.perf import ModelFlops, default_peak_flops, memory_metrics, mfu
@@ -104,7 +105,7 @@ class TrainingEngine:
         )
         self.flops = flops
         self.peak_flops = peak_flops
-        self.device = model_device(module)  # micro-batches and the loss's columns go there
+        self.device = dp.compute_device(module)  # micro-batches and the loss's columns go there
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient norm
         # Per-row statistics of the last update ({} unless its batch had `row_id`): `row_id` [R] and
         # one [R] tensor per statistic, each row's last pass (its latest epoch).
@@ -206,9 +207,22 @@ class TrainingEngine:
         share = padding_share(int(work["computed"]), int(work["real"]))
         local = {f"perf/padding_share/{self.role}": share}
         if self.flops is not None:
-            peak = self.peak_flops or default_peak_flops(_compute_dtype(self.module, self.dp))
+            peak = self.peak_flops or default_peak_flops(_compute_dtype(self.module, self.dp), self.device)
             local[f"perf/mfu/{self.role}"] = mfu(work["flops"], seconds, peak)
-        return self.dp.mean(local) | memory_metrics()
+        return self.dp.mean(local) | memory_metrics(self.device)
+
+    # --- the colocated memory hand-off (engine.offload) ------------------------------------------
+    def offload_optimizer(self) -> int:
+        """The optimizer state into CPU memory until the next update; the bytes moved (0 on CPU)."""
+        return move_optimizer_state(self.optimizer, "cpu")
+
+    def free_gradients(self) -> None:
+        """Drop the last update's gradients (the next update starts from none anyway)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def reload_optimizer(self) -> int:
+        """The optimizer state back beside the parameters it updates; the bytes moved."""
+        return move_optimizer_state(self.optimizer, model_device(self.module))
 
     # --- checkpoints ---------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:

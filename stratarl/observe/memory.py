@@ -33,9 +33,12 @@ def host_total_bytes() -> int:
 
 
 def _cuda():
+    """torch.cuda when this process uses a GPU; None otherwise. A process that never touched CUDA
+    (a Ray driver on a GPU node) is left without a CUDA context: asking for device properties would
+    create one, ~0.5 GB on GPU 0."""
     import torch
 
-    return torch.cuda if torch.cuda.is_available() else None
+    return torch.cuda if torch.cuda.is_available() and torch.cuda.is_initialized() else None
 
 
 def device_high_water_bytes() -> int | None:
@@ -48,10 +51,10 @@ class PeakTracker:
 
     def __init__(self) -> None:
         self.raised: dict[str, float] = {}
-        self._cuda = _cuda()
 
     def marks(self) -> tuple[int, int | None]:
-        device = None if self._cuda is None else int(self._cuda.max_memory_allocated())
+        cuda = _cuda()  # asked each time: the models may reach the GPU after this tracker is made
+        device = None if cuda is None else int(cuda.max_memory_allocated())
         return host_high_water_bytes(), device
 
     def after(self, phase: str, before: tuple[int, int | None]) -> None:
@@ -68,8 +71,11 @@ class PeakTracker:
             "memory/host_peak_gb": host / GIB,
             "memory/host_total_gb": host_total_bytes() / GIB,
         }
-        if device is not None and self._cuda is not None:
+        cuda = _cuda()
+        if device is not None and cuda is not None:
             metrics["memory/device_peak_gb"] = device / GIB
-            metrics["memory/device_total_gb"] = self._cuda.get_device_properties(0).total_memory / GIB
+            metrics["memory/device_total_gb"] = (
+                cuda.get_device_properties(cuda.current_device()).total_memory / GIB
+            )
         self.raised = {}
         return metrics

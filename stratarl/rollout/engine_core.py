@@ -111,6 +111,15 @@ class EngineCore:
         self.waiting.clear()
         self.rows, self.logits, self.cache = [], None, SlotKVCache()
 
+    def release_cache(self) -> int:
+        """Drop the KV buffers and the cached prefixes (nothing may be running); the bytes released."""
+        if self.rows:
+            raise RuntimeError(f"{len(self.rows)} rows are running: their KV cannot be released")
+        held = self.cache.num_bytes + self.store.num_bytes
+        self.cache, self.logits = SlotKVCache(), None
+        self.store.clear()
+        return held
+
     # --- 1. admission and prefill --------------------------------------------------------------
     def _admit(self) -> None:
         if self.admission_paused or not self.waiting:

@@ -33,6 +33,8 @@ class RolloutEngineSpec:
     together (None: the torch engine takes all at once; vLLM, which preallocates per sequence, keeps
     `VllmRolloutEngine`'s default of 256). max_model_len: prompt + response tokens a sequence may
     reach (vLLM sizes its KV cache by it; the torch engine caps responses at the model's context).
+    free_cache_engine: a colocated worker releases the engine's KV cache when it starts a training
+    phase on the same GPU (`release_memory`).
     """
 
     backend: str = "torch"
@@ -40,6 +42,7 @@ class RolloutEngineSpec:
     seed: int = 0
     max_num_seqs: int | None = 256
     max_model_len: int = 2048
+    free_cache_engine: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in ROLLOUT_BACKENDS:

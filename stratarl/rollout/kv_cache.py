@@ -70,6 +70,11 @@ class SlotKVCache:
         self._lo = 0  # the span fixed by `decode_mask` for the forward that follows
 
     @property
+    def num_bytes(self) -> int:
+        """Bytes of the allocated K/V buffers (live or not: they are kept for the next rows)."""
+        return sum(t.numel() * t.element_size() for buffers in (self.keys, self.values) for t in buffers)
+
+    @property
     def span_start(self) -> int:
         """lo: the first column any running row uses."""
         return int(self.start[: self.num_rows].min()) if self.num_rows else self.cursor

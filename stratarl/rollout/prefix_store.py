@@ -64,6 +64,15 @@ class PrefixStore:
     def put_session(self, session_id: str, prefix: Prefix) -> None:
         self._put(("session", session_id), prefix)
 
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the KV (and logits) the entries hold."""
+        return sum(
+            sum(t.numel() * t.element_size() for layer in entry.kv for t in layer)
+            + (0 if entry.logits is None else entry.logits.numel() * entry.logits.element_size())
+            for entry in self._entries.values()
+        )
+
     def clear(self) -> None:
         self._entries.clear()
         self._tokens = 0

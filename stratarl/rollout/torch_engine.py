@@ -140,6 +140,16 @@ class TorchRolloutEngine(SteppedEngine):
         """Prompt tokens run through the model so far (prefix sharing keeps this below the total)."""
         return self._core.prefilled_tokens
 
+    def release_memory(self) -> int:
+        """The colocated hand-off: free the KV cache (the decode batch's buffers and the cached
+        prefixes) while the same device trains; the next generation allocates it again. Returns the
+        bytes released; 0 while requests are queued or running (an async trainer's generation
+        overlapping an update keeps its cache)."""
+        with self._step_lock:
+            if self._core.rows or self._core.waiting:
+                return 0
+            return self._core.release_cache()
+
     # --- the SteppedEngine hooks (generate / generate_async / submit come from there) -------------
     def _validate(self, requests: Sequence[GenerationRequest]) -> None:
         if self._broken is not None:

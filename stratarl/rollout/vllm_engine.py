@@ -291,6 +291,15 @@ class VllmRolloutEngine(SteppedEngine):
         self._version = update.version
         return WeightLoadReport(update.version, update.num_tensors, -1, update.sent, update.num_bytes)
 
+    def release_memory(self) -> int:
+        """The colocated hand-off as vLLM allows it without sleep mode: its KV pool is preallocated
+        (by gpu_memory_utilization) and stays; the cached prefixes are dropped. Returns 0 bytes
+        released (`sleep` frees the pool, where the platform has sleep mode)."""
+        with self._step_lock:
+            if not (self._pending or self._running):
+                self.llm.reset_prefix_cache()
+        return 0
+
     # --- sleep / wake ----------------------------------------------------------------------------
     @property
     def sleep_mode_available(self) -> bool:

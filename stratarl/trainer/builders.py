@@ -111,12 +111,14 @@ def model_spec(cfg: RunConfig, path: str) -> ModelSpec:
     )
 
 
-def precision_spec(fsdp: Any) -> PrecisionSpec:
-    """actor.fsdp / critic.fsdp."""
+def precision_spec(fsdp: Any, *, offload_optimizer: bool = False) -> PrecisionSpec:
+    """actor.fsdp / critic.fsdp (only the actor's has optimizer_offload: it shares its GPU with the
+    rollout)."""
     return PrecisionSpec(
         param_dtype=fsdp.param_dtype,
         offload_params=fsdp.offload_params,
         reshard_after_forward=fsdp.reshard_after_forward,
+        offload_optimizer=offload_optimizer,
     )
 
 
@@ -124,6 +126,8 @@ def rollout_engine_spec(cfg: RunConfig) -> RolloutEngineSpec:
     r = cfg.rollout
     return RolloutEngineSpec(
         backend=r.backend,
+        dtype=r.dtype,
+        free_cache_engine=r.free_cache_engine,
         seed=cfg.trainer.seed,
         max_num_seqs=r.trajectories_per_generate_batch or None,  # 0: no bound of ours
         max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,  # P + T
@@ -169,7 +173,7 @@ def policy_spec(
         lora=LoraSpec(lora.rank, lora.alpha, targets if isinstance(targets, str) else tuple(targets))
         if lora.rank > 0
         else None,
-        precision=precision_spec(actor.fsdp),
+        precision=precision_spec(actor.fsdp, offload_optimizer=actor.fsdp.optimizer_offload),
     )
 
 

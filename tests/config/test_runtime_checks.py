@@ -1,5 +1,6 @@
 """validate_config refuses what this build or machine cannot run — sglang, vLLM where it is not
-installed, cuda without CUDA, FSDP2 offload without GPU workers — naming the key, before anything loads."""
+installed, cuda without CUDA or for split replicas without GPUs, FSDP2 offload without GPU workers —
+naming the key, before anything loads."""
 
 import importlib.util
 import subprocess
@@ -54,6 +55,12 @@ def test_offload_needs_gpu_training_workers_and_min_tokens_fit_the_response():
     assert found[("rollout.min_response_tokens", "rollout.max_response_tokens")] == "9 exceeds 8"
     gpus_on_cpu = problems("cluster.backend=ray", "cluster.device=cpu", "cluster.gpus_per_training_worker=1")
     assert any("cluster.device" in keys and "GPUs are reserved" in m for keys, m in gpus_on_cpu.items())
+    split = ("cluster.backend=ray", "cluster.placement=split", "cluster.gpus_per_training_worker=1")
+    cpu_replicas = problems(*split, "cluster.device=cuda")  # replicas run on the GPUs their bundles reserve
+    assert "reserve no GPU" in cpu_replicas[("cluster.device", "cluster.gpus_per_rollout_replica")]
+    assert ("cluster.device", "cluster.gpus_per_rollout_replica") not in problems(
+        *split, "cluster.device=cuda", "cluster.gpus_per_rollout_replica=1"
+    )
 
 
 @pytest.mark.skipif(HAS_VLLM or torch.cuda.is_available(), reason="needs a CPU machine without vLLM")

@@ -7,6 +7,7 @@ from stratarl.engine.perf import (
     CPU_PEAK_FLOPS_PER_THREAD,
     ModelFlops,
     default_peak_flops,
+    gpu_peak_flops,
     measured_matmul_peak,
     memory_metrics,
     mfu,
@@ -51,13 +52,34 @@ def test_mfu_is_achieved_over_peak():
 
 
 def test_default_cpu_peak_scales_the_reference_table_with_threads():
-    if torch.cuda.is_available():
-        pytest.skip("on GPU the default is measured")
-    assert default_peak_flops(torch.float32) == 96e9 * torch.get_num_threads()
+    assert default_peak_flops(torch.float32, "cpu") == 96e9 * torch.get_num_threads()
     assert (
-        default_peak_flops(torch.bfloat16)
+        default_peak_flops(torch.bfloat16, torch.device("cpu"))
         == CPU_PEAK_FLOPS_PER_THREAD[torch.bfloat16] * torch.get_num_threads()
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "bf16_tflops", "fp32_tflops"),
+    [
+        ("NVIDIA H200", 989.4, 66.9),
+        ("NVIDIA H100 80GB HBM3", 989.4, 66.9),
+        ("NVIDIA H100 PCIe", 756.0, 51.2),
+        ("NVIDIA H200 NVL", 835.0, 60.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0, 19.5),
+        ("NVIDIA A100 80GB PCIe", 312.0, 19.5),
+        ("NVIDIA L40S", 362.0, 91.6),
+        ("NVIDIA L4", 121.0, 30.3),
+    ],
+)
+def test_gpu_peaks_come_from_the_datasheet_table_by_device_name(name, bf16_tflops, fp32_tflops):
+    assert gpu_peak_flops(name, torch.bfloat16) == pytest.approx(bf16_tflops * 1e12)
+    assert gpu_peak_flops(name, torch.float16) == pytest.approx(bf16_tflops * 1e12)
+    assert gpu_peak_flops(name, torch.float32) == pytest.approx(fp32_tflops * 1e12)
+
+
+def test_a_gpu_outside_the_table_has_no_datasheet_peak():
+    assert gpu_peak_flops("Tesla T4", torch.bfloat16) is None  # the default then measures a matmul
 
 
 def test_matmul_peak_is_measured_once_and_cached():

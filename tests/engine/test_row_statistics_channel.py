@@ -54,10 +54,17 @@ def test_without_row_ids_nothing_is_collected_and_pad_rows_are_dropped():
 
 
 class _Worker:
-    """What `PolicyWorker.update_actor` and `update_row_statistics` read of a worker: its actor."""
+    """What `PolicyWorker.update_actor` and `update_row_statistics` read of a worker: its actor, and
+    that no memory hand-off applies (a CPU worker without a rollout engine)."""
+
+    frees_rollout_cache = offloads_optimizer = False
+    released_bytes = 0
 
     def __init__(self, actor):
         self.actor = actor
+
+    def release_rollout_cache(self) -> int:
+        return 0
 
 
 def test_a_worker_group_gathers_every_real_row_once_from_its_ranks():
