@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real test-gpu gpu-bundle gpu-check lint format clean
+.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real test-gpu gpu-bundle gpu-check bench lint format clean
 
 setup: $(STAMP) sandbox-tools
 
@@ -81,6 +81,13 @@ $(REAL_MODEL)/stratarl_import.json: | $(STAMP)
 # Tests on the real model (skipped with a reason when it is absent; never part of `make test`).
 test-real: real-model
 	$(PY) -m pytest -q -m real_model tests
+
+# stratarl against TRL's GRPOTrainer on the same work (docs/benchmarks.md); TRL from the `bench` extra,
+# pinned in constraints.txt. BENCH_ARGS picks rows, e.g. BENCH_ARGS="--rows 10m-8 --json out.json".
+bench: $(STAMP)
+	$(PY) -c "from importlib.metadata import version as v; assert v('trl') == '1.16.0'" 2>/dev/null \
+		|| $(PY) -m pip install -q -c constraints.txt -e ".[bench]"
+	$(PY) benchmarks/vs_trl.py $(BENCH_ARGS)
 
 # The CUDA path (docs/benchmarks.md, "GPU check"): the gpu-marked tests (skipped without CUDA), what a GPU
 # machine that cannot download needs beside the checkout (.gpu-carry: pinned wheels, SmolLM2's shape),

@@ -249,6 +249,12 @@ class ActorConfig:
     shuffle: bool = setting(
         False, "shuffle trajectories before splitting into mini-batches", verl=f"{ARF}.actor.shuffle"
     )
+    old_log_prob_from_update: bool = setting(
+        True,
+        "when one optimizer step uses the whole batch once (one mini-batch, one epoch) and nothing "
+        "before the update reads π_old, take π_old from the update's own forward (detached) instead of "
+        "a separate forward: the same numbers, one forward fewer; false: always the separate forward",
+    )
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy loss and its parameters")
     loss_agg_mode: str = setting(
         "token-mean", "how per-token losses become one number", verl=f"{ARF}.actor.loss_agg_mode"

@@ -37,6 +37,7 @@ from stratarl.rollout.weight_sync import (
     parameter_checksum,
     push_weights,
     tensor_bytes,
+    value_checksum,
 )
 
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -255,7 +256,7 @@ class VllmRolloutEngine(SteppedEngine):
         update.loaded |= set(loaded)
         for name, tensor in items:  # tensors vLLM keeps as they are (not fused, not repacked)
             if self._served_sizes.get(name) == tensor.numel():
-                update.expected += parameter_checksum({name: tensor.to(self.served_dtype)})
+                update.expected += value_checksum({name: tensor.to(self.served_dtype)})
                 update.compared.add(name)
 
     def finish_weight_update(self) -> WeightLoadReport:
@@ -274,7 +275,7 @@ class VllmRolloutEngine(SteppedEngine):
         with self._step_lock:
             self.llm.collective_rpc(_finish_reload)
             served = self.llm.apply_model(
-                lambda model: parameter_checksum({n: p for n, p in model.named_parameters() if n in names})
+                lambda model: value_checksum({n: p for n, p in model.named_parameters() if n in names})
             )[0]
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         not_loaded = sorted(set(self._served_sizes) - update.loaded)
@@ -353,7 +354,7 @@ class _Update:
     def __init__(self, version: int, partial: bool) -> None:
         self.version, self.partial = version, partial
         self.waiting: dict[str, list[TensorSlice]] = {}
-        self.sent = 0.0  # checksum of the values as sent (comparable with the sender's)
+        self.sent = 0  # checksum of the values as sent (equal to the sender's)
         self.expected = 0.0  # checksum, as served, of the tensors vLLM keeps unfused
         self.compared: set[str] = set()  # their names
         self.loaded: set[str] = set()  # vLLM parameter names its loader filled

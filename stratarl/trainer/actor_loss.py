@@ -42,6 +42,11 @@ class ActorLoss:
     # (ε_low, ε_high) of the per-trajectory clipped share the trace reports (actor.policy_loss's
     # clip_ratio_low/high; the PPO clip indicator whichever loss is trained).
     clip_bounds: tuple[float, float] = (0.2, 0.2)
+    # On-policy single pass (`trainer.on_policy`): π_old is this forward's own π_θ, detached — the
+    # separate old-log-prob forward would compute the same numbers with the same weights — and
+    # `row_statistics` hands it back per row (`log_prob`, `entropy`: [m, T]) as the batch's
+    # old_log_probs / entropys.
+    old_log_prob_from_forward: bool = False
 
     @classmethod
     def from_settings(cls, policy_loss: str, settings: dict[str, Any], **kwargs: Any) -> ActorLoss:
@@ -63,21 +68,36 @@ class ActorLoss:
         """The batch columns `__call__` reads (besides the model's inputs); `rollout_is_weights` is
         read when the batch has it, and so is `row_id` (`row_statistics`, while tracing). A worker
         group sends a rank these and nothing else."""
-        columns = ("response_mask", "old_log_probs", "advantages", "rollout_is_weights", ROW_ID)
+        old = () if self.old_log_prob_from_forward else ("old_log_probs",)
+        columns = ("response_mask", *old, "advantages", "rollout_is_weights", ROW_ID)
         return columns + (("ref_log_prob",) if self.needs_reference else ())
+
+    def old_log_prob(self, micro: DataProto, scores) -> Tensor:
+        """[m, T] log π_old: the batch's, or (old_log_prob_from_forward) this forward's detached,
+        0 outside response_mask as the separate forward writes it."""
+        if not self.old_log_prob_from_forward:
+            return micro["old_log_probs"]
+        return scores.log_prob.detach() * micro["response_mask"].to(scores.log_prob.dtype)
 
     def row_statistics(self, micro: DataProto, scores) -> dict[str, Tensor]:
         """[m] per-trajectory statistics of this micro-batch's update forward (`ratio_statistics_per_row`):
         the engine collects them under the micro-batch's `row_id` when the batch carries one."""
         low, high = self.clip_bounds
-        return ratio_statistics_per_row(
+        old_log_prob = self.old_log_prob(micro, scores)
+        statistics = ratio_statistics_per_row(
             log_prob=scores.log_prob.detach(),
-            old_log_prob=micro["old_log_probs"],
+            old_log_prob=old_log_prob,
             advantages=micro["advantages"],
             response_mask=micro["response_mask"],
             clip_ratio_low=low,
             clip_ratio_high=high,
         )
+        if self.old_log_prob_from_forward:
+            statistics["log_prob"] = old_log_prob
+            if scores.entropy is not None:
+                mask = micro["response_mask"].to(scores.entropy.dtype)
+                statistics["entropy"] = scores.entropy.detach() * mask
+        return statistics
 
     def __call__(self, micro: DataProto, scores, totals) -> tuple[Tensor, dict[str, float]]:
         mask = micro["response_mask"]  # [m, T]
@@ -91,17 +111,18 @@ class ActorLoss:
             "loss_scale_factor": self.loss_scale_factor,
         }
         weights = micro["rollout_is_weights"] if "rollout_is_weights" in micro.columns else None
+        old_log_prob = self.old_log_prob(micro, scores)
         loss_mask, corr_metrics = mask, {}
         if self.bypass_correction is not None:
             # verl's bypass_mode loss: correction of π_θ (no grad) vs π_rollout, then a plain loss.
             weights, loss_mask, corr_metrics = rollout_correction(
-                scores.log_prob.detach(), micro["old_log_probs"], mask, **self.bypass_correction
+                scores.log_prob.detach(), old_log_prob, mask, **self.bypass_correction
             )
             weights = weights if self.policy_loss == "reinforce" else None
         pg_loss, pg_metrics = compute_policy_loss(
             self.policy_loss,
             log_prob=scores.log_prob,
-            old_log_prob=micro["old_log_probs"],
+            old_log_prob=old_log_prob,
             advantages=micro["advantages"],
             response_mask=loss_mask,
             loss_agg_mode=self.loss_agg_mode,

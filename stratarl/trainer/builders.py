@@ -241,7 +241,8 @@ def rollout_correction_settings(cfg: RunConfig) -> dict[str, Any]:
 BYPASS_LOSSES = {"ppo_clip": "vanilla", "reinforce": "reinforce"}
 
 
-def build_actor_loss(cfg: RunConfig) -> ActorLoss:
+def build_actor_loss(cfg: RunConfig, *, old_log_prob_from_forward: bool = False) -> ActorLoss:
+    """The actor's loss; old_log_prob_from_forward: π_old from the update's forward (`on_policy`)."""
     settings = asdict(cfg.actor.policy_loss)
     name = settings.pop("name")
     bypass = cfg.algorithm.rollout_correction.bypass_mode
@@ -257,6 +258,7 @@ def build_actor_loss(cfg: RunConfig) -> ActorLoss:
         kl_loss_coef=cfg.actor.kl_loss_coef if cfg.actor.use_kl_loss else 0.0,
         kl_loss_type=cfg.actor.kl_loss_type,
         clip_bounds=(cfg.actor.policy_loss.clip_ratio_low, cfg.actor.policy_loss.clip_ratio_high),
+        old_log_prob_from_forward=old_log_prob_from_forward,
     )
 
 

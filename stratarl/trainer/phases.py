@@ -195,8 +195,11 @@ def update_actor(
     epochs: int,
     seed: int | None,
 ) -> dict[str, float]:
-    """The policy update; returns `actor/*` metrics."""
-    reads = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs"]
+    """The policy update; returns `actor/*` metrics. A loss that takes π_old from its own forward
+    (`trainer.on_policy`) reads no `old_log_probs` and needs the forward's entropy too."""
+    from_forward = loss_fn.old_log_prob_from_forward
+    reads = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+    reads += [] if from_forward else ["old_log_probs"]
     validate(batch, reads=[*reads, "advantages"], phase="actor.update")
     metrics = worker.update_actor(
         batch,
@@ -204,7 +207,7 @@ def update_actor(
         mini_batch_size=mini_batch_size,
         epochs=epochs,
         shuffle_seed=seed,
-        with_entropy=loss_fn.needs_entropy,
+        with_entropy=loss_fn.needs_entropy or from_forward,
     )
     # Engine metrics (grad_norm, lr) get verl's `actor/` prefix; the loss's own metrics are already
     # named (`actor/pg_loss`, `rollout_corr/...`).

@@ -39,6 +39,7 @@ from stratarl.trainer import (
     agent_rollout,
     builders,
     checkpointing,
+    on_policy,
     phases,
     preflight,
     reward_builder,
@@ -106,7 +107,8 @@ class RLTrainer:
     def _build(self, cfg: RunConfig, console: Console) -> None:
         self.log = RunLog(self.claim.run_dir, console=console, print_steps="console" in cfg.trainer.logger)
         self.run_dir = self.log.run_dir
-        self.loss_fn = builders.build_actor_loss(cfg)
+        reuse, self.old_log_prob_source = on_policy.old_log_prob_reuse(cfg)
+        self.loss_fn = builders.build_actor_loss(cfg, old_log_prob_from_forward=reuse)
         self.value_loss = builders.build_value_loss(cfg)
         self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
         self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
@@ -205,6 +207,7 @@ class RLTrainer:
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
+        self.log.console.print(f"[dim]{self.old_log_prob_source}[/dim]")
         self.save_placement()
         start, run_start = self.resume(), time.perf_counter()
         self.batches = training_modes.build_batch_source(
@@ -353,16 +356,7 @@ class RLTrainer:
             critic_metrics = self._update_critic(batch, step, timings)
             actor_metrics, trained_version = {}, self.version_of(step)
             if step > cfg.critic.warmup_training_steps or self.critic is None:
-                with phase("update_actor", timings, step=step, rows=len(batch)):
-                    actor_metrics = phases.update_actor(
-                        self.worker,
-                        self.tracer.with_row_ids(batch),
-                        self.loss_fn,
-                        mini_batch_size=min(cfg.actor.prompts_per_mini_batch * cfg.rollout.n, len(batch)),
-                        epochs=cfg.actor.ppo_epochs,
-                        seed=self._seed(step) if cfg.actor.shuffle else None,
-                    )
-                self.tracer.after_update(batch, self.tracer.row_statistics(self.worker), trained_version)
+                batch, actor_metrics = self._update_actor(batch, step, timings, trained_version)
             # Pushed during critic warm-up too (the weights did not change): the rollout serves a
             # verified version, never one left asleep or stale (a verl bug). Every step; under
             # trainer.mode=async every k steps, and always before a validation or a checkpoint.
@@ -404,6 +398,30 @@ class RLTrainer:
             self.log.log_trajectories(agent_rollout.with_agent_records(records, batch))
         return metrics
 
+    def _update_actor(
+        self, batch: DataProto, step: int, timings: dict[str, float], trained_version: int
+    ) -> tuple[DataProto, dict[str, float]]:
+        """The policy update; when π_old comes from its forward (`on_policy`), the batch gets the
+        `old_log_probs` and `entropys` that forward computed."""
+        cfg, from_forward = self.cfg, self.loss_fn.old_log_prob_from_forward
+        update_batch = self.tracer.with_row_ids(batch)
+        with self.monitor.phase("update_actor", timings, step=step, rows=len(batch)):
+            metrics = phases.update_actor(
+                self.worker,
+                on_policy.with_row_ids(update_batch) if from_forward else update_batch,
+                self.loss_fn,
+                mini_batch_size=min(cfg.actor.prompts_per_mini_batch * cfg.rollout.n, len(batch)),
+                epochs=cfg.actor.ppo_epochs,
+                seed=self._seed(step) if cfg.actor.shuffle else None,
+            )
+        worker = self.worker
+        row_stats = worker.update_row_statistics() if from_forward else self.tracer.row_statistics(worker)
+        if from_forward:
+            batch = on_policy.old_log_probs_from_update(batch, row_stats)
+            self.tracer.after_log_probs(batch)
+        self.tracer.after_update(batch, row_stats, trained_version)
+        return batch, metrics
+
     def _prepare(
         self, batch: DataProto, timings: dict[str, float], step: int
     ) -> tuple[DataProto, dict[str, float]]:
@@ -412,7 +430,7 @@ class RLTrainer:
         correction, settings = cfg.algorithm.rollout_correction, training_modes.correction_settings(cfg)
         if correction.bypass_mode:
             batch = sampling_phases.use_rollout_log_probs(batch)
-        else:
+        elif not self.loss_fn.old_log_prob_from_forward:  # else the update's forward writes them
             with self.monitor.phase("old_log_prob", timings, step=step, rows=rows):
                 batch = phases.old_log_prob(self.worker, batch, with_sum_pi_squared=self.needs_sum_pi_squared)
         if cfg.uses_reference:

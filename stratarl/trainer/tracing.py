@@ -116,6 +116,12 @@ class StepTracer:
         columns = fields.advantage_fields(batch, self.estimator) | fields.log_prob_fields(batch)
         self.current.add(fields.trajectory_ids(batch), columns)
 
+    def after_log_probs(self, batch: DataProto) -> None:
+        """The log-prob half of Q9 again, once the update's forward wrote `old_log_probs` (`on_policy`)."""
+        if self.current is None:
+            return
+        self.current.add(fields.trajectory_ids(batch), fields.log_prob_fields(batch))
+
     def with_row_ids(self, batch: DataProto) -> DataProto:
         """The batch for the actor's update with `row_id` = its row index (tracing only), under which
         the engines report each row's update statistics."""

@@ -18,6 +18,8 @@ from stratarl.rollout.weight_sync import (
     load_in_place,
     parameter_checksum,
     push_weights,
+    tensor_checksum,
+    value_checksum,
 )
 from tests.rollout.tiny_lm import build_tiny_qwen2
 
@@ -45,7 +47,7 @@ def test_load_weights_bumps_version_changes_outputs_and_serves_the_new_model(mak
     assert [r.response_ids for r in after] == [r.response_ids for r in reference]
     assert report.version == 1 and report.num_tensors == len(trained.state_dict())
     assert 0 < report.num_changed == differing < report.num_tensors
-    assert report.checksum == pytest.approx(parameter_checksum(trained.state_dict()), rel=1e-12)
+    assert report.checksum == parameter_checksum(trained.state_dict())
 
 
 def test_reloading_identical_weights_reports_nothing_changed(make_engine):
@@ -112,8 +114,37 @@ def test_a_load_that_does_not_land_is_caught():
 
 
 def test_checksum_hand_case():
+    # the fp32 bit patterns as int32: 1.0 = 0x3F800000 = 1065353216, -2.0 = 0xC0000000 = -1073741824,
+    # 3.0 = 0x40400000 = 1077936128; their sum 1069547520
+    assert parameter_checksum({"a": torch.tensor([1.0, -2.0]), "b": torch.tensor([3.0])}) == 1069547520
     # Σ (x + |x|) over [1, -2] and [3] = (1 - 2 + 1 + 2) + (3 + 3) = 8
-    assert parameter_checksum({"a": torch.tensor([1.0, -2.0]), "b": torch.tensor([3.0])}) == 8.0
+    assert value_checksum({"a": torch.tensor([1.0, -2.0]), "b": torch.tensor([3.0])}) == 8.0
+
+
+def test_checksum_of_row_slices_adds_up_and_one_changed_element_changes_it():
+    x = torch.randn(7, 5)
+    assert tensor_checksum(x) == sum(tensor_checksum(x[i : i + 2]) for i in range(0, 7, 2))
+    bent = x.clone()
+    bent[4, 3] = torch.nextafter(bent[4, 3], torch.tensor(float("inf")))  # one ULP on one element
+    assert tensor_checksum(bent) != tensor_checksum(x)
+    # every dtype a state dict holds, 0-d tensors included; a cast has other bits
+    for t in (x.bfloat16(), x.double(), torch.tensor(3.5), torch.arange(4), torch.tensor([True, False])):
+        assert tensor_checksum(t) == tensor_checksum(t.clone())
+    assert tensor_checksum(x.double()) != tensor_checksum(x)
+
+
+def test_a_tensor_corrupted_after_it_arrived_is_caught_by_name():
+    model = build_tiny_qwen2(seed=0)
+    trained = build_tiny_qwen2(seed=1).state_dict()
+    receiver = WeightReceiver(model, version=1)
+    for bucket in bucket_state_dict(trained, 4096):
+        receiver.receive(bucket)
+    with torch.no_grad():  # something overwrites one served element before the sync is finished
+        weight = model.model.layers[0].mlp.down_proj.weight
+        weight[0, 0] = torch.nextafter(weight[0, 0], torch.tensor(float("inf")))
+    landed = r"did not land in the served model: model\.layers\.0\.mlp\.down_proj"
+    with pytest.raises(WeightSyncError, match=landed):
+        receiver.finish()
 
 
 # --- bucketed sync ---------------------------------------------------------------------------------
