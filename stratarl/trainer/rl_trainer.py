@@ -13,7 +13,6 @@ when a deadline passed.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from contextlib import ExitStack
@@ -44,18 +43,17 @@ from stratarl.trainer import (
     preflight,
     reward_builder,
     run_watch,
-    sampling_phases,
     training_modes,
 )
 from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.collect import BatchCollector
+from stratarl.trainer.learn import StepLearner
 from stratarl.trainer.run_directory import RunLock, claim_run_directory
-from stratarl.trainer.run_summary import summary_rows, where, write_summary
+from stratarl.trainer.run_summary import summary_rows, where, write_placement, write_summary
 from stratarl.trainer.step_metrics import step_metrics
 from stratarl.trainer.tracing import StepTracer, step_diagnostics
-from stratarl.trainer.validation import clipping_warning, run_validation
-from stratarl.transport.data_proto import DataProto
+from stratarl.trainer.validation import record_validation, run_validation
 
 
 def seed_everything(seed: int) -> None:
@@ -110,7 +108,6 @@ class RLTrainer:
         reuse, self.old_log_prob_source = on_policy.old_log_prob_reuse(cfg)
         self.loss_fn = builders.build_actor_loss(cfg, old_log_prob_from_forward=reuse)
         self.value_loss = builders.build_value_loss(cfg)
-        self.needs_sum_pi_squared = "sum_pi_squared" in builders.estimator_inputs(cfg)
         self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
         self.sampling = builders.train_sampling(cfg)
         self.plan = BatchPlan.from_config(cfg)
@@ -131,6 +128,17 @@ class RLTrainer:
         except BaseException:
             self.stop_processes()
             raise
+        self.learner = StepLearner(
+            cfg,
+            self.worker,
+            self.critic,
+            self.loss_fn,
+            self.value_loss,
+            self.kl_ctrl,
+            self.monitor,
+            self.tracer,
+            step_seed=self._seed,
+        )
         self.collector = BatchCollector(
             cfg,
             self.train_set,
@@ -208,7 +216,7 @@ class RLTrainer:
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
         self.log.console.print(f"[dim]{self.old_log_prob_source}[/dim]")
-        self.save_placement()
+        write_placement(self.run_dir, self.worker, self.critic)
         start, run_start = self.resume(), time.perf_counter()
         self.batches = training_modes.build_batch_source(
             self.cfg,
@@ -267,18 +275,22 @@ class RLTrainer:
         curves = plot_learning_curves(self.log.history, self.run_dir / "curves.png")
         self.log.log_image("curves", curves, step=self.total_steps)
         plot_run(self.log.history, self.run_dir / "plots")
-        self._write_summary(start, time.perf_counter() - run_start)
+        checkpoints = self.checkpoints.root if self.checkpoints.steps() else None
+        rows = summary_rows(
+            self.log.history,
+            self.last_val,
+            where(self.run_dir, checkpoints),
+            start,
+            self.total_steps,
+            time.perf_counter() - run_start,
+        )
+        write_summary(self.log, rows, self.last_val)
         self.claim.record_finish(self.total_steps)
         return last_val
 
     def validates(self, step: int) -> bool:
         freq = self.cfg.trainer.test_freq
         return self.val_set is not None and freq > 0 and (step % freq == 0 or step == self.total_steps)
-
-    def save_placement(self) -> None:
-        """placement.json: where each role's processes run (Ray node ids, rank order)."""
-        placement = self.worker.placement() | (self.critic.placement() if self.critic is not None else {})
-        (self.run_dir / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
 
     # --- checkpoint and resume -------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
@@ -329,19 +341,6 @@ class RLTrainer:
         )
         return point.step
 
-    def _write_summary(self, start: int, seconds: float) -> None:
-        """The run summary, printed as a table and written to run_dir/summary.json."""
-        checkpoints = self.checkpoints.root if self.checkpoints.steps() else None
-        rows = summary_rows(
-            self.log.history,
-            self.last_val,
-            where(self.run_dir, checkpoints),
-            start,
-            self.total_steps,
-            seconds,
-        )
-        write_summary(self.log, rows, self.last_val)
-
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timings, phase = self.cfg, {}, self.monitor.phase
         self.tracer.begin(step)
@@ -351,12 +350,12 @@ class RLTrainer:
             for name, seconds in produced.timings.items():
                 timings[name] = timings.get(name, 0.0) + seconds
             batch, collect_metrics = produced.batch, produced.metrics
-            batch, prepare_metrics = self._prepare(batch, timings, step)
+            batch, prepare_metrics = self.learner.prepare(batch, timings, step)
             self.tracer.after_advantage(batch)
-            critic_metrics = self._update_critic(batch, step, timings)
+            critic_metrics = self.learner.update_critic(batch, step, timings)
             actor_metrics, trained_version = {}, self.version_of(step)
             if step > cfg.critic.warmup_training_steps or self.critic is None:
-                batch, actor_metrics = self._update_actor(batch, step, timings, trained_version)
+                batch, actor_metrics = self.learner.update_actor(batch, step, timings, trained_version)
             # Pushed during critic warm-up too (the weights did not change): the rollout serves a
             # verified version, never one left asleep or stale (a verl bug). Every step; under
             # trainer.mode=async every k steps, and always before a validation or a checkpoint.
@@ -398,74 +397,6 @@ class RLTrainer:
             self.log.log_trajectories(agent_rollout.with_agent_records(records, batch))
         return metrics
 
-    def _update_actor(
-        self, batch: DataProto, step: int, timings: dict[str, float], trained_version: int
-    ) -> tuple[DataProto, dict[str, float]]:
-        """The policy update; when π_old comes from its forward (`on_policy`), the batch gets the
-        `old_log_probs` and `entropys` that forward computed."""
-        cfg, from_forward = self.cfg, self.loss_fn.old_log_prob_from_forward
-        update_batch = self.tracer.with_row_ids(batch)
-        with self.monitor.phase("update_actor", timings, step=step, rows=len(batch)):
-            metrics = phases.update_actor(
-                self.worker,
-                on_policy.with_row_ids(update_batch) if from_forward else update_batch,
-                self.loss_fn,
-                mini_batch_size=min(cfg.actor.prompts_per_mini_batch * cfg.rollout.n, len(batch)),
-                epochs=cfg.actor.ppo_epochs,
-                seed=self._seed(step) if cfg.actor.shuffle else None,
-            )
-        worker = self.worker
-        row_stats = worker.update_row_statistics() if from_forward else self.tracer.row_statistics(worker)
-        if from_forward:
-            batch = on_policy.old_log_probs_from_update(batch, row_stats)
-            self.tracer.after_log_probs(batch)
-        self.tracer.after_update(batch, row_stats, trained_version)
-        return batch, metrics
-
-    def _prepare(
-        self, batch: DataProto, timings: dict[str, float], step: int
-    ) -> tuple[DataProto, dict[str, float]]:
-        """Old and reference log-probs, rollout correction, then advantages."""
-        cfg, metrics, rows = self.cfg, {}, len(batch)
-        correction, settings = cfg.algorithm.rollout_correction, training_modes.correction_settings(cfg)
-        if correction.bypass_mode:
-            batch = sampling_phases.use_rollout_log_probs(batch)
-        elif not self.loss_fn.old_log_prob_from_forward:  # else the update's forward writes them
-            with self.monitor.phase("old_log_prob", timings, step=step, rows=rows):
-                batch = phases.old_log_prob(self.worker, batch, with_sum_pi_squared=self.needs_sum_pi_squared)
-        if cfg.uses_reference:
-            with self.monitor.phase("ref", timings, step=step, rows=rows):
-                batch = phases.ref_log_prob(self.worker, batch)
-        if self.critic is not None:
-            with self.monitor.phase("values", timings, step=step, rows=rows):
-                batch = phases.values(self.critic, batch)
-        with self.monitor.phase("adv", timings, step=step, rows=rows):
-            if settings is not None:  # decoupled: π_old/π_rollout weights and rejection (training_modes)
-                batch, metrics = sampling_phases.apply_decoupled_correction(batch, settings)
-            batch, adv_metrics = phases.advantage(
-                batch,
-                estimator=cfg.algorithm.adv_estimator,
-                hyperparameters=builders.advantage_hyperparameters(cfg),
-                kl_in_reward=(self.kl_ctrl.value, cfg.algorithm.kl_penalty) if self.kl_ctrl else None,
-                component_keys=cfg.algorithm.gdpo_reward_keys,
-            )
-        return batch, metrics | adv_metrics
-
-    def _update_critic(self, batch: DataProto, step: int, timings: dict[str, float]) -> dict[str, float]:
-        """PPO's value update (before the actor's, as verl orders them); {} without a critic."""
-        if self.critic is None:
-            return {}
-        c = self.cfg.critic
-        with self.monitor.phase("update_critic", timings, step=step, rows=len(batch)):
-            return phases.update_critic(
-                self.critic,
-                batch,
-                self.value_loss,
-                mini_batch_size=min(c.prompts_per_mini_batch * self.cfg.rollout.n, len(batch)),
-                epochs=c.ppo_epochs,
-                seed=self._seed(step) + 1 if self.cfg.actor.shuffle else None,
-            )
-
     def _seed(self, step: int) -> int:
         return self.cfg.trainer.seed * 1_000_003 + step * 10_007
 
@@ -485,12 +416,5 @@ class RLTrainer:
                 seed=self._seed(step) + 7,
             )
         self.worker.clear_queue()
-        self.log.log_metrics(step, metrics, phase="val")
-        (self.run_dir / "val_generations").mkdir(exist_ok=True)
-        RunLog.write_jsonl(self.run_dir / "val_generations" / f"step_{step}.jsonl", records)
-        core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
-        self.log.console.print(f"[bold cyan]validation @ step {step}[/bold cyan] {core}")
-        warning = clipping_warning(metrics, self.cfg.rollout.max_response_tokens)
-        if warning:
-            self.log.console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
+        record_validation(self.log, step, metrics, records, self.cfg.rollout.max_response_tokens)
         return metrics

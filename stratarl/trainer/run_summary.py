@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from stratarl.cluster.handles import CriticHandle, PolicyHandle
 from stratarl.observe.run_log import RunLog, write_atomically
 
 # Last-step metrics worth a line of their own; controller bytes are averaged over the run's steps.
@@ -42,6 +43,12 @@ def summary_rows(
             rows["agent failures"] = failure_summary(train, "agent/failures/")
     rows |= {k: v for k, v in last_val.items() if k.startswith("val-core/")}
     return rows
+
+
+def write_placement(run_dir: Path, worker: PolicyHandle, critic: CriticHandle | None) -> None:
+    """placement.json: where each role's processes run (Ray node ids, rank order)."""
+    placement = worker.placement() | (critic.placement() if critic is not None else {})
+    (run_dir / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
 
 
 def where(run_dir: Path, checkpoints: Path | None) -> dict[str, str]:

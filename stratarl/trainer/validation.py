@@ -20,6 +20,7 @@ from stratarl.algo.validation_stats import process_validation_metrics
 from stratarl.cluster.handles import PolicyHandle
 from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset
+from stratarl.observe.run_log import RunLog
 from stratarl.reward.batch_scorer import RewardResult
 from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer import builders, phases
@@ -122,6 +123,21 @@ class ValidationTally:
     def metrics(self, n: int) -> dict[str, float]:
         """verl's flat `val-core/...` / `val-aux/...` metrics over everything recorded."""
         return flatten_validation_metrics(process_validation_metrics(self.sources, self.uids, self.infos), n)
+
+
+def record_validation(
+    log: RunLog, step: int, metrics: dict[str, float], records: list[dict[str, Any]], max_response_tokens: int
+) -> None:
+    """A validation's metrics into metrics.jsonl, its generations into val_generations/step_<k>.jsonl,
+    its core metrics (and a warning when responses were cut at the length limit) on the console."""
+    log.log_metrics(step, metrics, phase="val")
+    (log.run_dir / "val_generations").mkdir(exist_ok=True)
+    RunLog.write_jsonl(log.run_dir / "val_generations" / f"step_{step}.jsonl", records)
+    core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
+    log.console.print(f"[bold cyan]validation @ step {step}[/bold cyan] {core}")
+    warning = clipping_warning(metrics, max_response_tokens)
+    if warning:
+        log.console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
 
 
 def evaluate_accuracy(
