@@ -11,6 +11,7 @@ policy's atomic save, `load_checkpoint` restores it from the step the policy's l
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -46,14 +47,7 @@ class CriticWorker:
         o, b = spec.optimizer, spec.batching
         self.critic = Critic(
             model,
-            lr=o.lr,
-            weight_decay=o.weight_decay,
-            betas=o.betas,
-            grad_clip=o.grad_clip,
-            lr_schedule=o.lr_schedule,
-            warmup_steps=o.warmup_steps,
-            total_steps=o.total_steps,
-            min_lr_ratio=o.min_lr_ratio,
+            **dataclasses.asdict(o),  # lr, AdamW, schedule, clip: OptimizerSettings
             micro_batch_size=b.micro_batch_size,
             max_tokens_per_micro_batch=b.max_tokens_per_micro_batch,
             layout=b.layout,

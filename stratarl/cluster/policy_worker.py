@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -271,14 +272,7 @@ def build_actor(model, spec: PolicySpec, dp: DataParallel) -> Actor:
     a, o = spec.actor, spec.actor.optimizer
     return Actor(
         model,
-        lr=o.lr,
-        weight_decay=o.weight_decay,
-        betas=o.betas,
-        grad_clip=o.grad_clip,
-        lr_schedule=o.lr_schedule,
-        warmup_steps=o.warmup_steps,
-        total_steps=o.total_steps,
-        min_lr_ratio=o.min_lr_ratio,
+        **dataclasses.asdict(o),  # lr, AdamW, schedule, clip: OptimizerSettings
         micro_batch_size=a.batching.micro_batch_size,
         max_tokens_per_micro_batch=a.batching.max_tokens_per_micro_batch,
         layout=a.batching.layout,
