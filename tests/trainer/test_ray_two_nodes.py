@@ -100,19 +100,35 @@ def agent_ports() -> list[str]:
     ]
 
 
-def wait_for_nodes(address: str, count: int, timeout_s: float = 90.0) -> None:
+def wait_for_nodes(address: str, count: int, timeout_s: float = 120.0) -> None:
+    """Until `count` nodes are alive. A head just started may not serve its GCS yet (on a loaded
+    machine `ray.init` then raises from `_init_gcs_client`), so each attempt is a fresh driver and a
+    failed one is retried until the deadline; the last failure is the assertion's message."""
     script = (
         "import ray, sys, time\n"
         f"ray.init(address={address!r}, log_to_driver=False)\n"
-        f"deadline = time.monotonic() + {timeout_s}\n"
         f"while sum(n['Alive'] for n in ray.nodes()) < {count}:\n"
-        "    if time.monotonic() > deadline: sys.exit(f'nodes: {ray.nodes()}')\n"
         "    time.sleep(0.5)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s + 30
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    deadline, failure = time.monotonic() + timeout_s, "no attempt finished"
+    while time.monotonic() < deadline:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", script],
+                capture_output=True,
+                text=True,
+                timeout=max(deadline - time.monotonic(), 1.0),
+            )
+        except subprocess.TimeoutExpired as timeout:
+            err = timeout.stderr or b""  # bytes here even with text=True
+            err = err.decode(errors="replace") if isinstance(err, bytes) else err
+            failure = f"nodes not alive after {timeout_s:.0f} s: {err[-3000:]}"
+            break
+        if done.returncode == 0:
+            return
+        failure = (done.stdout[-1500:] + done.stderr[-1500:]) or f"exit code {done.returncode}"
+        time.sleep(2.0)
+    raise AssertionError(f"{count} Ray node(s) at {address}: {failure}")
 
 
 @pytest.fixture
