@@ -11,6 +11,7 @@ from typing import Any
 
 from stratarl.observe.doctor_checks import _late, _mean, _steps
 from stratarl.observe.doctor_view import LIVE_WITHIN_S, Finding, RunView
+from stratarl.observe.stack_dumps import main_thread_frames
 
 MISMATCH_KL_PROBLEM, MISMATCH_KL_WARNING = 0.05, 0.005  # rollout_corr/kl, nats per token
 MEMORY_PROBLEM, MEMORY_WARNING = 0.9, 0.75  # peak over the machine's total
@@ -39,7 +40,6 @@ def _error_finding(report: dict[str, Any], reports: list[dict[str, Any]]) -> lis
 
 
 # --- hangs and dead workers -------------------------------------------------------------------------
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 LAYER_BY_FRAME = (  # (pattern in a stack, layer): the first that matches the stuck frames wins
     (re.compile(r"torch/distributed|process_group|all_reduce|broadcast|all_gather|fsdp"), "parallelism"),
     (re.compile(r"weight_sync|push_weights|load_weights|sync_weights|receive_weights"), "weight sync"),
@@ -50,13 +50,8 @@ LAYER_BY_PHASE = {"update_weights": "weight sync", "weight_sync": "weight sync"}
 
 
 def stuck_frames(stack_file: Path) -> list[str]:
-    """The innermost frames of the main thread in a faulthandler dump — the one thread that threading
-    did not start (every other thread's outermost frame is threading's _bootstrap); [] if none."""
-    text = stack_file.read_text(encoding="utf-8", errors="replace")
-    blocks = re.split(r"\n(?=(?:Current )?[Tt]hread 0x)", text)
-    frames = [[m.group(0) for m in _FRAME.finditer(block)] for block in blocks]
-    main = [f for f in frames if f and not any("in _bootstrap" in frame for frame in f)]
-    return main[-1][:4] if main else []
+    """The innermost frames of the main thread in a faulthandler dump file; [] if none."""
+    return main_thread_frames(stack_file.read_text(encoding="utf-8", errors="replace"))
 
 
 def _hang_layer(report: dict[str, Any], frames: list[str]) -> str:

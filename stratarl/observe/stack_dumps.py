@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,17 @@ DUMP_SIGNAL = signal.SIGUSR1
 HANG_DIR = "hang"
 BUSY = "no answer yet"  # in a process's dump line: its last call had not returned (it is what hangs)
 _ARMED: dict[int, IO[str]] = {}  # signal -> the open file faulthandler writes to (kept open)
+FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def main_thread_frames(text: str, depth: int = 4) -> list[str]:
+    """The innermost `depth` frames of the main thread in faulthandler output — the one thread that
+    threading did not start (every other thread's outermost frame is threading's _bootstrap); of the
+    last dump when the text holds several; [] if none."""
+    blocks = re.split(r"\n(?=(?:Current )?[Tt]hread 0x)", "\n" + text)
+    frames = [[m.group(0) for m in FRAME.finditer(block)] for block in blocks]
+    main = [f for f in frames if f and not any("in _bootstrap" in frame for frame in f)]
+    return main[-1][:depth] if main else []
 
 
 def stack_file_name(role: str, rank: int, pid: int) -> str:

@@ -6,7 +6,10 @@ or crash it; only a process boundary contains all of these. `CallPool(handler)` 
 a process holding torch threads). A dispatcher thread hands one job at a time to each idle worker
 and starts that job's clock when the worker takes it; a worker still busy after `timeout_s`, or
 one that ended, is killed with its whole process group and replaced, and its job resolves with
-reason `timeout`, `process_exit` or `process_crash`. Workers say "ready" when the handler is
+reason `timeout`, `process_exit` or `process_crash`. Before it kills a call that ran out of time
+it has the worker dump its stacks (faulthandler, `stack_dumps`), so the timeout's message says
+where the call was stuck: `no result after 30 s; stuck at File "my_reward.py", line 12 in score`.
+Workers say "ready" when the handler is
 loaded, so start-up never counts against a job; a worker that cannot start (or does not within
 `start_timeout_s`) breaks the pool: every job then resolves `pool_broken`, and nothing hangs.
 Used for scorers (`process_pool.ScoringPool`) and for tools (`stratarl.agent.tools.isolation`).
@@ -15,23 +18,29 @@ Used for scorers (`process_pool.ScoringPool`) and for tools (`stratarl.agent.too
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
+from stratarl.observe.stack_dumps import DUMP_SIGNAL, main_thread_frames, wait_for_dump
 from stratarl.reward.call_worker import CallResult
 
 WORKER_COMMAND = "import sys; from stratarl.reward.call_worker import main; main(sys.argv)"
+STACK_WAIT_S = 1.0  # how long a timed-out worker may take to write its stacks before it is killed
 
 
 @dataclass
@@ -41,6 +50,7 @@ class _Slot:
     process: subprocess.Popen
     conn: Connection
     started_at: float
+    stack_path: Path
     future: Future | None = None
     job_started: float = 0.0
     is_ready: bool = False  # the worker said "ready": the handler is loaded
@@ -75,6 +85,8 @@ class CallPool:
         self._closed = False
         self.restarts = 0
         self.broken: str | None = None  # why the pool stopped by itself (a worker could not start)
+        self._stack_dir = Path(tempfile.mkdtemp(prefix=f"stratarl-{name}-"))  # the workers' stack dumps
+        self._worker_ids = itertools.count()
         self._slots = [self._start_worker() for _ in range(num_workers)]
         self._dispatcher = threading.Thread(target=self._dispatch, name=name, daemon=True)
         self._dispatcher.start()
@@ -97,6 +109,7 @@ class CallPool:
         self._dispatcher.join(timeout=10)
         for slot in self._slots:
             _kill(slot)
+        shutil.rmtree(self._stack_dir, ignore_errors=True)
 
     def __enter__(self) -> CallPool:
         return self
@@ -115,12 +128,18 @@ class CallPool:
                 start_new_session=True,  # its own process group: killed with whatever user code started
             )
         conn = Connection(parent.detach())
+        stack_path = self._stack_dir / f"worker-{next(self._worker_ids)}.txt"
+        setup = {
+            "sys_path": list(sys.path),
+            "max_output_bytes": self.max_output_bytes,
+            "stack_path": str(stack_path),
+        }
         try:
-            conn.send({"sys_path": list(sys.path), "max_output_bytes": self.max_output_bytes})
+            conn.send(setup)
             conn.send_bytes(self._payload)
         except OSError:  # it died at once: _reap reports the failed start
             process.wait(timeout=5)
-        return _Slot(process, conn, started_at=time.monotonic())
+        return _Slot(process, conn, started_at=time.monotonic(), stack_path=stack_path)
 
     def _dispatch(self) -> None:
         """The pool's one thread. Should it ever fail, the pool breaks and every job resolves: a
@@ -190,10 +209,11 @@ class CallPool:
             overran = now - slot.job_started > self.timeout_s
             if not overran and not ended:
                 continue
+            where = _stuck_at(slot) if overran and not ended else []
             _kill(slot)
             future = slot.future
             self._slots[i] = self._replace(slot)
-            future.set_result(_ended_result(slot.process.returncode, overran, self.timeout_s))
+            future.set_result(_ended_result(slot.process.returncode, overran, self.timeout_s, where))
 
     def _replace(self, slot: _Slot) -> _Slot:
         _kill(slot)
@@ -219,9 +239,25 @@ class CallPool:
                 future.set_result(CallResult(reason=reason, message=message))
 
 
-def _ended_result(returncode: int | None, overran: bool, timeout_s: float) -> CallResult:
+def _stuck_at(slot: _Slot) -> list[str]:
+    """The innermost frames of the call a worker is still running (it writes its stacks on
+    SIGUSR1); [] when it does not answer within STACK_WAIT_S."""
+    size = slot.stack_path.stat().st_size if slot.stack_path.exists() else 0
+    try:
+        os.kill(slot.process.pid, DUMP_SIGNAL)
+    except OSError:
+        return []
+    if not wait_for_dump(slot.stack_path, size, timeout_s=STACK_WAIT_S):
+        return []
+    with slot.stack_path.open(encoding="utf-8", errors="replace") as f:
+        f.seek(size)
+        return main_thread_frames(f.read(), depth=2)
+
+
+def _ended_result(returncode: int | None, overran: bool, timeout_s: float, where: list[str]) -> CallResult:
     if overran:
-        return CallResult(reason="timeout", message=f"no result after {timeout_s:g} s")
+        stuck = f"; stuck at {' <- '.join(where)}" if where else ""
+        return CallResult(reason="timeout", message=f"no result after {timeout_s:g} s{stuck}")
     if returncode is not None and returncode < 0:
         try:
             name = signal.Signals(-returncode).name

@@ -3,16 +3,19 @@
 Started as `python -m stratarl.reward.call_worker FD` (FD: its end of a socket pair with the pool).
 It receives its setup (the parent's sys.path, the output cap), then the pickled handler (unpickling
 imports the user's code: a failure is reported, not raised), says "ready", and then answers each
-job with one `CallResult`. Whatever a call raises — SystemExit and KeyboardInterrupt included — is
-its result's `reason`. The process's stdout and stderr (file descriptors 1 and 2, so C extensions
-and child processes too) go to a pipe drained by a thread: each call's bytes are counted and the
-first `max_output_bytes` kept; nothing of it reaches the trainer's terminal or log. Stdlib only,
-so a worker starts in a fraction of a second.
+job with one `CallResult`. On SIGUSR1 it writes every thread's stack to the file its setup names
+(faulthandler: in C, so even a call stuck in a C loop answers) — the pool asks before it kills a
+call that ran out of time, to say where it was. Whatever a call raises — SystemExit and
+KeyboardInterrupt included — is its result's `reason`. The process's stdout and stderr (file
+descriptors 1 and 2, so C extensions and child processes too) go to a pipe drained by a thread:
+each call's bytes are counted and the first `max_output_bytes` kept; nothing of it reaches the
+trainer's terminal or log. Stdlib only, so a worker starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import pickle
 import signal
@@ -107,6 +110,9 @@ def main(argv: list[str]) -> None:
     setup = conn.recv()
     sys.path[:0] = [p for p in setup["sys_path"] if p not in sys.path]
     capture = OutputCapture(setup["max_output_bytes"])
+    if setup.get("stack_path"):  # SIGUSR1: every thread's stack into this file (the pool asks on a timeout)
+        stacks = open(setup["stack_path"], "w", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     try:
         handler = pickle.loads(conn.recv_bytes())
     except BaseException as err:

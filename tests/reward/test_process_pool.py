@@ -26,6 +26,9 @@ def test_a_hang_a_crash_and_an_error_cost_one_sample_each(pool):
     assert result.scores.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 0.25]
     assert result.failures == {"timeout": 1, "ValueError": 1, "process_exit": 1}
     assert result.sample_failures == [None, "timeout", "ValueError", "process_exit", None, None]
+    # the timeout says where the scorer was stuck: its worker dumped its stacks before the kill
+    (timeout,) = [e for e in result.failure_examples if ": timeout:" in e]
+    assert 'pool_scorers.py", line 14 in misbehaving' in timeout, timeout
     assert result.extra["truth"][5] == "t"  # an async scorer's dict, extras kept
     assert pool.restarts >= 2
     again = pool.score_batch(["d", "d"], ["x", "y"], ["x", "z"])  # the pool still works
