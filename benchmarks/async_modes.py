@@ -20,21 +20,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
+from ray_quickstart import PLANS, RECIPE, task_overrides, train_metrics
 
-from stratarl.config import load_config
-from stratarl.observe.run_log import read_metrics
-from stratarl.trainer.quickstart import RECIPE, TaskSettings, build_task
-from stratarl.trainer.rl_trainer import RLTrainer
-
-PLANS = {
-    "colocated": ["cluster.training_workers=2"],
-    "split": [
-        "cluster.placement=split",
-        "cluster.training_workers=2",
-        "cluster.cpus_per_training_worker=0.5",
-    ],
-}
 MODES = {
     "sync": ["trainer.mode=sync"],
     "one_step_off": ["trainer.mode=one_step_off"],
@@ -45,17 +32,11 @@ MEANS += ("async/rollout_idle_s", "async/overlap_ratio", "async/staleness_mean",
 
 
 def run(root: Path, base: list[str], plan: str, mode: str, steps: int) -> dict[str, float]:
-    overrides = [*base, "cluster.backend=ray", "cluster.num_cpus=2", "cluster.transfer_queue_units=0"]
-    overrides += [*PLANS[plan], *MODES[mode], f"trainer.total_steps={steps}", "trainer.test_freq=0"]
-    overrides += ["trainer.save_freq=0", "trainer.val_before_train=false", "trainer.save_trajectories=false"]
-    cfg = load_config(RECIPE, overrides)
-    run_dir = root / f"{plan}-{mode}"
-    RLTrainer(cfg, run_dir, console=Console(quiet=True)).fit()
-    train = [m for m in read_metrics(run_dir / "metrics.jsonl") if m.get("phase") == "train"][1:]
+    overrides = ["cluster.transfer_queue_units=0", *MODES[mode]]
+    train = train_metrics(root / f"{plan}-{mode}", base, plan, overrides, steps)[1:]
     means = {k: sum(m.get(k, 0.0) for m in train) / len(train) for k in MEANS}
-    return means | {"steps_per_s": 1.0 / means["timing_s/step"], "async/staleness_max": max(
-        m["async/staleness_max"] for m in train
-    )}  # fmt: skip
+    staleness_max = max(m["async/staleness_max"] for m in train)
+    return means | {"steps_per_s": 1.0 / means["timing_s/step"], "async/staleness_max": staleness_max}
 
 
 def main() -> None:
@@ -70,13 +51,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="srl-bench-async-") as tmp:
         root = Path(tmp)
-        paths, model_dir = build_task(root / "task", TaskSettings(), seed=0)
-        base = [
-            f"data.train_files=['{paths['train']}']",
-            f"data.val_files=['{paths['test']}']",
-            f"model.path={model_dir}",
-            *args.overrides,
-        ]
+        base = task_overrides(root, args.overrides)
         for mode in MODES:
             r = results[mode] = run(root, base, args.plan, mode, args.steps)
             r["speedup_vs_sync"] = results["sync"]["timing_s/step"] / r["timing_s/step"]

@@ -22,33 +22,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
+from ray_quickstart import PLANS, RECIPE, task_overrides, train_metrics
 
-from stratarl.config import load_config
-from stratarl.observe.run_log import read_metrics
-from stratarl.trainer.quickstart import RECIPE, TaskSettings, build_task
-from stratarl.trainer.rl_trainer import RLTrainer
-
-PLANS = {
-    "colocated": ["cluster.training_workers=2"],
-    "split": [
-        "cluster.placement=split",
-        "cluster.training_workers=2",
-        "cluster.cpus_per_training_worker=0.5",
-    ],
-}
 RATIO_KEYS = ("controller/sent_bytes", "controller/received_bytes", "timing_s/step")
 PATHS = {"queue": "cluster.transfer_queue_units=2", "dataproto": "cluster.transfer_queue_units=0"}
 
 
 def run(root: Path, base: list[str], plan: str, path: str, steps: int) -> dict[str, float]:
-    overrides = [*base, "cluster.backend=ray", "cluster.num_cpus=2", *PLANS[plan], PATHS[path]]
-    overrides += [f"trainer.total_steps={steps}", "trainer.test_freq=0", "trainer.save_freq=0"]
-    overrides += ["trainer.val_before_train=false", "trainer.save_trajectories=false"]
-    cfg = load_config(RECIPE, overrides)
-    run_dir = root / f"{plan}-{path}"
-    RLTrainer(cfg, run_dir, console=Console(quiet=True)).fit()
-    train = [m for m in read_metrics(run_dir / "metrics.jsonl") if m.get("phase") == "train"]
+    train = train_metrics(root / f"{plan}-{path}", base, plan, [PATHS[path]], steps)
     keys = ("controller/sent_bytes", "controller/received_bytes", "timing_s/step", "response_length/mean")
     return {k: sum(m[k] for m in train) / len(train) for k in keys}
 
@@ -64,13 +45,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="srl-bench-bytes-") as tmp:
         root = Path(tmp)
-        paths, model_dir = build_task(root / "task", TaskSettings(), seed=0)
-        base = [
-            f"data.train_files=['{paths['train']}']",
-            f"data.val_files=['{paths['test']}']",
-            f"model.path={model_dir}",
-            *args.overrides,
-        ]
+        base = task_overrides(root, args.overrides)
         for plan in PLANS:
             for path in PATHS:
                 results[f"{plan}/{path}"] = run(root, base, plan, path, args.steps)
