@@ -8,6 +8,7 @@ methods). Each method's body in the group shows where the batch goes.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,7 +72,9 @@ class PolicyHandle(Protocol):
 
     def materialize(self, batch: DataProto) -> DataProto: ...
 
-    def clear_queue(self) -> None: ...
+    def clear_queue(self, through: int | None = None) -> int: ...
+
+    def queue_collection(self, step: int) -> contextlib.AbstractContextManager[None]: ...
 
     def controller_bytes(self) -> dict[str, float]: ...
 

@@ -8,13 +8,22 @@ advantages, its scores, a response_mask it edited), never the bulk columns, whic
 hold; a stale value can therefore not reach a rank silently. Then the phase's rows are cut into
 per-rank `QueueShard`s with the same padding and balancing as the in-process dispatch
 (`dispatch.split_for_ranks`, `split_for_update`), computed on the row indices alone.
+
+Under trainer.mode=one_step_off/async the rollout writes the next batches' rows while the trainer
+works on this step's, so the end of a step cannot drop the whole partition. Each key is labelled
+with the step its rows were collected for (`collecting(step)`, around a producer's collection;
+keys issued outside one — sync mode, rows the controller lays out while training — are unlabelled),
+and `clear(through=k)` drops the unlabelled rows and those of collections for steps ≤ k: the batch
+just trained, and rows dropped on the way (filtered groups, stale batches), never a batch ahead.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -47,9 +56,25 @@ class QueueRows:
         self.balance = linear_coeff  # the a of the a·s + s² work estimate that balances rows over ranks
         self._digests: dict[str, dict[str, int]] = {}  # key -> field -> crc32 of the stored row
         self._counter = itertools.count()
+        self._issued: dict[int | None, list[str]] = {}  # collection step (None: unlabelled) -> keys
+        self._lock = threading.Lock()  # the producer thread issues keys while the trainer clears
+        self._label = threading.local()  # the step this thread is collecting for (`collecting`)
+
+    @contextmanager
+    def collecting(self, step: int) -> Iterator[None]:
+        """Keys this thread issues inside the block belong to the collection for `step`."""
+        self._label.step = step
+        try:
+            yield
+        finally:
+            self._label.step = None
 
     def new_keys(self, n: int) -> list[str]:
-        return [f"r{next(self._counter)}" for _ in range(n)]
+        label = getattr(self._label, "step", None)
+        with self._lock:
+            keys = [f"r{next(self._counter)}" for _ in range(n)]
+            self._issued.setdefault(label, []).extend(keys)
+        return keys
 
     def remember(self, keys: Sequence[str], columns: DataProto) -> None:
         """`columns` (row j = key j) are stored: record their digests (a worker wrote them)."""
@@ -192,14 +217,17 @@ class QueueRows:
         return ranks.call(phase, run_on_queue, calls), split
 
     def materialize(self, batch: DataProto) -> DataProto:
-        """The batch with its queued bulk columns read back from the queue (for inspection, or to
-        hand it to an in-process worker); a batch without queued columns is returned as it is."""
+        """The batch with its queued bulk columns read back from the queue and without its row keys:
+        plain columns, detached from this queue (what a checkpoint saves of a batch collected ahead;
+        a resumed run's new queue gives it fresh keys). A batch without queued columns is returned
+        as it is."""
         queued = batch.meta_info.get(QUEUED_FIELDS, {})
         if not queued:
             return batch
         meta = KVBatchMeta(self.partition, self.keys_of(batch), {})
         bulk = self.queue.get(meta, fields=list(queued)).select(list(queued), meta_keys=[])
-        local = batch.select(batch.columns, meta_keys=[k for k in batch.meta_info if k != QUEUED_FIELDS])
+        columns = [c for c in batch.columns if c != KEY]
+        local = batch.select(columns, meta_keys=[k for k in batch.meta_info if k != QUEUED_FIELDS])
         return local.union(bulk)
 
     def take_traffic(self) -> dict[str, float]:
@@ -210,10 +238,25 @@ class QueueRows:
             return {"controller/sent_bytes": 0.0, "controller/received_bytes": 0.0}
         return traffic.take()
 
-    def clear(self) -> int:
-        """Drop every row of the partition (the end of a step); returns how many were held."""
-        self._digests.clear()
-        return self.queue.clear(self.partition)
+    @property
+    def rows_held(self) -> int:
+        """Keys issued and not cleared yet (rows in the queue, or about to be written)."""
+        with self._lock:
+            return sum(len(keys) for keys in self._issued.values())
+
+    def clear(self, through: int | None = None) -> int:
+        """The end of a step: drop the unlabelled rows and those collected for steps ≤ `through`
+        (None: every row of the partition); returns how many rows were dropped."""
+        with self._lock:
+            if through is None:
+                self._issued.clear()
+                self._digests.clear()
+                return self.queue.clear(self.partition)
+            done = [label for label in self._issued if label is None or label <= through]
+            keys = [key for label in done for key in self._issued.pop(label)]
+        for key in keys:
+            self._digests.pop(key, None)
+        return self.queue.clear(KVBatchMeta(self.partition, keys)) if keys else 0
 
 
 def _row_digests(values: torch.Tensor) -> list[int]:

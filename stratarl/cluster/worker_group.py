@@ -13,6 +13,7 @@ weight sync pushes from training rank 0 to them.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -232,20 +233,28 @@ class PolicyWorkerGroup:
         are read back (what a notebook or a one-process worker needs); as it is without a queue."""
         return batch if self.rows is None else self.rows.materialize(batch)
 
-    def clear_queue(self) -> None:
-        """Drop the step's rows from the TransferQueue (verl's kv_clear at the end of a step)."""
-        if self.rows is not None:
-            self.rows.clear()
+    def clear_queue(self, through: int | None = None) -> int:
+        """Drop the step's rows from the TransferQueue (verl's kv_clear at the end of a step): those
+        collected for steps ≤ `through` and the unlabelled ones, or all (None); the rows dropped."""
+        return 0 if self.rows is None else self.rows.clear(through)
+
+    def queue_collection(self, step: int) -> contextlib.AbstractContextManager[None]:
+        """Rows this thread writes to the TransferQueue in the block belong to step `step`'s batch."""
+        return contextlib.nullcontext() if self.rows is None else self.rows.collecting(step)
 
     # --- the group -------------------------------------------------------------------------------
     def controller_bytes(self) -> dict[str, float]:
         """Bytes the controller sent to and received from other processes since the last call: the
         ranks' calls, the rollout's requests and results, and its own TransferQueue reads and
-        writes (0 in one process)."""
+        writes (0 in one process); with the TransferQueue also `controller/queue_rows_held`, the rows
+        still in it (after a step's clear: those of the batches collected ahead, none in sync mode)."""
         parts = [self.ranks.traffic.take(), self.engines.take_traffic()]
         if self.rows is not None:
             parts.append(self.rows.take_traffic())
-        return {key: sum(part[key] for part in parts) for key in parts[0]}
+        traffic = {key: sum(part[key] for part in parts) for key in parts[0]}
+        if self.rows is not None:
+            traffic["controller/queue_rows_held"] = float(self.rows.rows_held)
+        return traffic
 
     def arm_stack_dumps(self, folder: str | Path) -> list[str]:
         """Have every process of the group (ranks, and the rollout replicas of a split plan) dump its

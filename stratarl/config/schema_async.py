@@ -71,13 +71,4 @@ def async_problems(cfg: Any) -> list[ConfigProblem]:
                 "trained",
             )
         )
-    c = cfg.cluster
-    if mode != "sync" and c.backend == "ray" and c.transfer_queue_units > 0:
-        problems.append(
-            ConfigProblem(
-                ("trainer.mode", "cluster.transfer_queue_units"),
-                f"trainer.mode={mode} with the TransferQueue is not built (its rows are cleared per "
-                "step, which would drop the batches collected ahead); set cluster.transfer_queue_units=0",
-            )
-        )
     return problems

@@ -54,7 +54,8 @@ def produce(collector: BatchCollector, step: int) -> ProducedBatch:
     tracer (the step that trains it adopts them)."""
     timings: dict[str, float] = {}
     collector.tracer.begin(step)
-    batch, metrics = collector.collect(step, timings)
+    with collector.worker.queue_collection(step):  # its TransferQueue rows are step `step`'s
+        batch, metrics = collector.collect(step, timings)
     trace, collector.tracer.current = collector.tracer.current, None
     return ProducedBatch(step, batch, metrics, timings, trace)
 

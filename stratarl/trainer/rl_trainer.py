@@ -363,7 +363,9 @@ class RLTrainer:
                 step, self.total_steps, cfg.trainer.save_freq
             )
             sync_metrics = self.batches.push_weights(step, trained_version + 1, timings, force=due)
-            self.worker.clear_queue()  # Ray: the step's rows leave the TransferQueue
+            # Ray: the trained batch's rows leave the TransferQueue (and any dropped before it), not
+            # those of batches collected ahead
+            self.worker.clear_queue(through=produced.step)
             with phase("trace", timings, step=step):
                 self.tracer.end()
         if self.kl_ctrl is not None:

@@ -57,5 +57,5 @@ def step_metrics(
     traffic = worker.controller_bytes()  # what crossed process boundaries via the controller
     if critic is not None:  # the critic's ranks are processes too
         critic_traffic = critic.controller_bytes()
-        traffic = {key: value + critic_traffic[key] for key, value in traffic.items()}
+        traffic = {key: value + critic_traffic.get(key, 0.0) for key, value in traffic.items()}
     return metrics | traffic

@@ -10,7 +10,7 @@ from stratarl.cluster.queue_rows import KEY, QueueRows
 from stratarl.cluster.queue_shard import WIRE_DTYPES, narrow_integers, run_on_queue, widen_integers
 from stratarl.cluster.ranks import InProcessRanks
 from stratarl.transport.data_proto import DataProto
-from stratarl.transport.kv_meta import QUEUED_FIELDS
+from stratarl.transport.kv_meta import QUEUED_FIELDS, KVBatchMeta
 from stratarl.transport.transfer_queue import TransferQueue
 from tests.cluster.test_dispatch import batch
 
@@ -104,8 +104,9 @@ def test_bulk_columns_are_referenced_not_held_and_unknown_fields_are_named():
     assert torch.equal(rows.queue.get(meta)["input_ids"], rows_batch["input_ids"])
     with pytest.raises(KeyError, match="'values' is neither in the batch nor in the TransferQueue"):
         rows.sync(light, ["values"])
-    full = rows.materialize(light)  # for inspection or a one-process worker: every column again
+    full = rows.materialize(light)  # what a checkpoint saves: every column again, detached from the queue
     assert torch.equal(full["input_ids"], rows_batch["input_ids"]) and QUEUED_FIELDS not in full.meta_info
+    assert KEY not in full  # a resumed run's new queue gives the rows new keys
 
 
 def test_clear_drops_the_partition_and_forgets_the_digests():
@@ -115,6 +116,28 @@ def test_clear_drops_the_partition_and_forgets_the_digests():
     assert rows.queue.stored_bytes() == 0
     meta = rows.sync(rows_batch, ["row"])  # written again: nothing is assumed stored any more
     assert torch.equal(rows.queue.get(meta)["row"], torch.arange(5))
+
+
+def test_a_step_clears_its_own_collection_and_those_before_it_never_a_batch_collected_ahead():
+    # one_step_off/async: the producer writes step 3's rows while step 2 trains; step 1's batch was
+    # dropped as stale, and the controller laid out rows of its own (unlabelled) while training
+    rows = QueueRows(TransferQueue.in_process(2))
+    collected = {}
+    for step in (1, 2, 3):
+        with rows.collecting(step):
+            collected[step] = batch(4)
+            stored_rows(rows, collected[step])
+    own = batch(2)
+    stored_rows(rows, own)  # outside any collection: the step being trained
+    assert rows.rows_held == 14
+    assert rows.clear(through=2) == 10  # steps 1 and 2 and the unlabelled rows
+    assert rows.rows_held == 4
+    ahead = rows.sync(collected[3], ["row"])  # step 3's rows are all still there, unchanged
+    assert torch.equal(rows.queue.get(ahead)["row"], torch.arange(4))
+    gone = KVBatchMeta(rows.partition, rows.keys_of(collected[2]), {})
+    with pytest.raises(KeyError, match="not in partition"):  # step 2's are gone
+        rows.queue.get(gone, fields=["row"])
+    assert rows.clear(through=3) == 4 and rows.rows_held == 0 and rows.queue.stored_bytes() == 0
 
 
 def test_integer_columns_cross_the_wire_narrowed_and_come_back_exact():

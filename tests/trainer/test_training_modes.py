@@ -163,7 +163,6 @@ def test_async_drop_counts_what_it_throws_away(task, tmp_path):
             ["trainer.mode=async", "async_training.max_staleness=1", "async_training.weight_sync_interval=4"],
             "async_training.max_staleness, async_training.weight_sync_interval",
         ),
-        (["trainer.mode=one_step_off", "cluster.backend=ray"], "trainer.mode, cluster.transfer_queue_units"),
         (["async_training.stale_strategy=correct"], "async_training.stale_strategy"),
     ],
 )
