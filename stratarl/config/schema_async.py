@@ -43,6 +43,13 @@ class AsyncTrainingConfig:
     buffer_batches: int = setting(
         2, "async: finished batches the producer may hold before it pauses (the buffer's bound)"
     )
+    deterministic: bool = setting(
+        False,
+        "async: pin which weight version generates each batch — the oldest pushed version within "
+        "max_staleness, the push waiting for the batches it owes — so a run and its resume reproduce "
+        "given the seed whatever the speeds (needs stale_strategy=wait and buffer_batches ≥ "
+        "max_staleness − weight_sync_interval + 1); sync and one_step_off are deterministic always",
+    )
     correction: str = setting(
         "decoupled",
         "off-policy modes: decoupled (decoupled PPO — π_old recomputed as the proximal policy, token "
@@ -69,6 +76,23 @@ def async_problems(cfg: Any) -> list[ConfigProblem]:
                 f"max_staleness={a.max_staleness} < weight_sync_interval − 1 = {a.weight_sync_interval - 1}: "
                 "between two pushes the rollout's weights fall that far behind, so no batch could be "
                 "trained",
+            )
+        )
+    if a.deterministic and a.stale_strategy != "wait":
+        problems.append(
+            ConfigProblem(
+                ("async_training.deterministic", "async_training.stale_strategy"),
+                f"a deterministic schedule needs stale_strategy=wait, got {a.stale_strategy} (what is "
+                "dropped depends on the speeds)",
+            )
+        )
+    owed = a.max_staleness - a.weight_sync_interval + 1
+    if mode == "async" and a.deterministic and a.buffer_batches < owed:
+        problems.append(
+            ConfigProblem(
+                ("async_training.deterministic", "async_training.buffer_batches"),
+                f"buffer_batches={a.buffer_batches} < max_staleness − weight_sync_interval + 1 = {owed}: "
+                "a push would wait for batches the buffer has no room for",
             )
         )
     return problems

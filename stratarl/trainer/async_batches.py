@@ -3,8 +3,10 @@ bounded `RolloutBuffer`; the trainer takes one per step, at most `async_training
 versions old, and pushes its weights every `async_training.weight_sync_interval` steps.
 
 Which version generates which batch depends on the two sides' speeds (that is the point of the
-mode), so a run is not bit-reproducible; the staleness bound holds whatever the speeds. A weight
-push, validation and a checkpoint each hold the rollout: the batch in flight finishes first and
+mode), so a run is not bit-reproducible; the staleness bound holds whatever the speeds. With
+`async_training.deterministic` the schedule is pinned (`RolloutBuffer`: each batch from the oldest
+version the bound allows, a push waiting for the batches it owes), and a run reproduces given its
+seed. A weight push, validation and a checkpoint each hold the rollout: the batch in flight finishes first and
 none starts until they are done (a checkpoint thus saves the buffer and a sampler position that
 agree, and a resume continues from both).
 """
@@ -48,6 +50,7 @@ class AsyncBatches:
         *,
         max_staleness: int,
         strategy: str,
+        pinned: bool,
         capacity: int,
         sync_interval: int,
         version_of: Callable[[int], int],
@@ -60,6 +63,7 @@ class AsyncBatches:
             capacity=capacity,
             max_staleness=max_staleness,
             strategy=strategy,
+            pinned=pinned,
             version_of=version_of,
             rollout_version=rollout_version,
             next_step=first_step,
@@ -105,7 +109,7 @@ class AsyncBatches:
         if not force and step % self.sync_interval:
             return {}
         with self.monitor.phase("wait_rollout", timings, step=step), self.meter.trainer_wait.busy():
-            self.buffer.hold()
+            self.buffer.hold(before_push=True)
         try:
             metrics = push(self.worker, self.monitor, step, version, timings)
         except BaseException:

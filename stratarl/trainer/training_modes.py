@@ -59,6 +59,7 @@ def build_batch_source(
         monitor,
         max_staleness=a.max_staleness,
         strategy=a.stale_strategy,
+        pinned=a.deterministic,
         capacity=a.buffer_batches,
         sync_interval=a.weight_sync_interval,
         version_of=version_of,

@@ -12,7 +12,7 @@ from stratarl.trainer.rollout_buffer import BufferedBatch, ProducerFailed, Rollo
 ROWS = 4
 
 
-def run_pair(*, strategy, max_staleness, sync_interval, capacity, steps, seed):
+def run_pair(*, strategy, max_staleness, sync_interval, capacity, steps, seed, pinned=False, start_delay=0.0):
     """A producer and a trainer thread at random speeds, the trainer pushing version p(j)+1 every
     `sync_interval` steps as the real one does; returns (staleness per step, buffer, max depth seen)."""
     rng = random.Random(seed)
@@ -26,11 +26,13 @@ def run_pair(*, strategy, max_staleness, sync_interval, capacity, steps, seed):
         version_of=version_of,
         rollout_version=0,
         next_step=1,
+        pinned=pinned,
     )
     depths = []
 
     def produce():
         for sleep in producer_sleeps:
+            time.sleep(sleep * start_delay)  # slow to pick up the next batch
             started = buffer.begin_produce()
             if started is None:
                 return
@@ -47,7 +49,7 @@ def run_pair(*, strategy, max_staleness, sync_interval, capacity, steps, seed):
         staleness.append(version_of(step) - batch.version)
         time.sleep(trainer_sleeps[step - 1])  # training
         if step % sync_interval == 0:
-            buffer.hold()
+            buffer.hold(before_push=True)
             buffer.release(version_of(step) + 1)
     buffer.stop()
     producer.join(timeout=10)
@@ -75,6 +77,31 @@ def test_staleness_never_exceeds_the_bound(seed, strategy, max_staleness, sync_i
     if strategy == "wait":  # pacing: nothing is generated that could not be trained
         assert buffer.counters.dropped_rows == 0
     assert buffer.counters.dropped_rows == ROWS * buffer.counters.dropped_batches
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    ("max_staleness", "sync_interval", "capacity"), [(1, 1, 1), (2, 1, 2), (3, 2, 2), (2, 3, 1)]
+)
+def test_a_pinned_schedule_gives_every_batch_the_same_version_whatever_the_speeds(
+    seed, max_staleness, sync_interval, capacity
+):
+    staleness, buffer, _ = run_pair(
+        strategy="wait",
+        max_staleness=max_staleness,
+        sync_interval=sync_interval,
+        capacity=capacity,
+        steps=25,
+        seed=seed,
+        pinned=True,
+        start_delay=2.0,  # unpinned, a producer slow to start its next batch gets fresher weights
+    )
+    # batch L (trained at step L, policy version L − 1) comes from the oldest pushed version
+    # ≥ L − 1 − S; the pushes are 0 and then every sync_interval steps
+    pushed = [0] + [step for step in range(1, 26) if step % sync_interval == 0]
+    expected = [(L - 1) - min(v for v in pushed if v >= L - 1 - max_staleness) for L in range(1, 26)]
+    assert staleness == expected
+    assert buffer.counters.dropped_rows == 0
 
 
 def small_buffer(capacity, strategy):

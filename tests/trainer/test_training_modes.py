@@ -164,6 +164,14 @@ def test_async_drop_counts_what_it_throws_away(task, tmp_path):
             "async_training.max_staleness, async_training.weight_sync_interval",
         ),
         (["async_training.stale_strategy=correct"], "async_training.stale_strategy"),
+        (
+            ["async_training.deterministic=true", "async_training.stale_strategy=drop"],
+            "async_training.deterministic, async_training.stale_strategy",
+        ),
+        (
+            ["trainer.mode=async", "async_training.deterministic=true", "async_training.max_staleness=3"],
+            "async_training.deterministic, async_training.buffer_batches",
+        ),
     ],
 )
 def test_unbuilt_mode_choices_are_refused_naming_the_keys(task, overrides, keys):
