@@ -417,6 +417,6 @@ class RLTrainer:
                 step=step,
                 seed=self._seed(step) + 7,
             )
-        self.worker.clear_queue()
+        self.worker.clear_queue(through=step)  # its rows; not those of batches collected ahead
         record_validation(self.log, step, metrics, records, self.cfg.rollout.max_response_tokens)
         return metrics
