@@ -6,7 +6,8 @@ What one checkpoint holds (`engine.checkpoint.CheckpointManager` writes it atomi
     rng/                   python, numpy and torch RNG states
     huggingface/           the policy, loadable with from_pretrained
     trainer_state.pt       global step, sampler position (epoch, batch in epoch), KL controller,
-                           rollout weight version, last validation metrics
+                           rollout weight version and version offset, the batches collected
+                           ahead (trainer.mode), last validation metrics (`trainer_state`)
 
 A resumed run reloads all of it, pushes the actor's weights into the rollout engine under the saved
 weight version, and cuts the run directory's logs back to the checkpoint's step, so metrics.jsonl
@@ -38,6 +39,50 @@ class ResumePoint:
     step: int  # the last completed step; training continues at step + 1
     path: Path
     trainer_state: dict[str, Any]
+
+
+@dataclass
+class Restored:
+    """What a resume hands back to the trainer (the sampler, KL controller and rollout are restored)."""
+
+    version_offset: int  # the policy version step k trains is k + version_offset
+    batches: dict[str, Any] | None  # the batch source's state: batches collected ahead
+    last_val: dict[str, float]
+    message: str  # the console line saying where the run continues
+
+
+def trainer_state(step: int, *, sampler, kl_ctrl, worker, version_offset: int, batches, last_val) -> dict:
+    """The trainer's part of the checkpoint of `step` (`batches`: the batch source, whose state
+    holds what it collected ahead, read back from the TransferQueue)."""
+    return {
+        "global_step": step,
+        "sampler": sampler.state_dict(),
+        "kl_ctrl": kl_ctrl.state_dict() if kl_ctrl else None,
+        "weight_version": worker.weight_version,
+        "version_offset": version_offset,
+        "batches": batches.state_dict(worker.materialize),
+        "last_val": last_val,
+    }
+
+
+def restore_trainer_state(point: ResumePoint, *, sampler, kl_ctrl, worker) -> Restored:
+    """Put the sampler, the KL controller and the rollout's weights (pushed under the saved
+    version) back where `point` left them."""
+    state = point.trainer_state
+    sampler.load_state_dict(state["sampler"])
+    if kl_ctrl is not None:
+        kl_ctrl.load_state_dict(state["kl_ctrl"])
+    worker.sync_weights(version=state["weight_version"])
+    # Checkpoints of before trainer.mode: one version per step, all pushed, nothing collected ahead.
+    offset = state.get("version_offset", state["weight_version"] - point.step - 1)
+    batches = state.get("batches")
+    ahead, position = len(batches["ready"]) if batches else 0, state["sampler"]
+    message = (
+        f"[bold green]resumed[/bold green] from {point.path}: step {point.step} done, continuing at "
+        f"step {point.step + 1} (epoch {position['epoch']}, batch {position['batch_in_epoch']}"
+        + (f"; {ahead} batch(es) collected ahead, restored)" if ahead else ")")
+    )
+    return Restored(offset, batches, state["last_val"], message)
 
 
 def should_save(step: int, total_steps: int, save_freq: int) -> bool:

@@ -31,7 +31,6 @@ from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.loggers import make_sinks
 from stratarl.observe.phase_monitor import PhaseMonitor
-from stratarl.observe.plots import plot_learning_curves, plot_run
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.stack_dumps import write_error_report
 from stratarl.trainer import (
@@ -50,7 +49,7 @@ from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.collect import BatchCollector
 from stratarl.trainer.learn import StepLearner
 from stratarl.trainer.run_directory import RunLock, claim_run_directory
-from stratarl.trainer.run_summary import summary_rows, where, write_placement, write_summary
+from stratarl.trainer.run_summary import finish_run, write_placement
 from stratarl.trainer.step_metrics import step_metrics
 from stratarl.trainer.tracing import StepTracer, step_diagnostics
 from stratarl.trainer.validation import record_validation, run_validation
@@ -270,21 +269,16 @@ class RLTrainer:
                     self.last_val = last_val
                     if checkpointing.should_save(step, self.total_steps, self.cfg.trainer.save_freq):
                         self.save_checkpoint(step)
-        self.worker.save_pretrained(self.run_dir / "final")
-        self.tokenizer.save_pretrained(self.run_dir / "final")
-        curves = plot_learning_curves(self.log.history, self.run_dir / "curves.png")
-        self.log.log_image("curves", curves, step=self.total_steps)
-        plot_run(self.log.history, self.run_dir / "plots")
-        checkpoints = self.checkpoints.root if self.checkpoints.steps() else None
-        rows = summary_rows(
-            self.log.history,
-            self.last_val,
-            where(self.run_dir, checkpoints),
-            start,
-            self.total_steps,
-            time.perf_counter() - run_start,
+        finish_run(
+            self.log,
+            self.worker,
+            self.tokenizer,
+            checkpoints=self.checkpoints.root if self.checkpoints.steps() else None,
+            last_val=self.last_val,
+            start=start,
+            total_steps=self.total_steps,
+            seconds=time.perf_counter() - run_start,
         )
-        write_summary(self.log, rows, self.last_val)
         self.claim.record_finish(self.total_steps)
         return last_val
 
@@ -295,15 +289,15 @@ class RLTrainer:
     # --- checkpoint and resume -------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
         """Everything a resume needs (`checkpointing` module docstring), written atomically."""
-        state = {
-            "global_step": step,
-            "sampler": self.sampler.state_dict(),
-            "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl else None,
-            "weight_version": self.worker.weight_version,
-            "version_offset": self.version_offset,
-            "batches": self.batches.state_dict(self.worker.materialize),  # collected ahead (trainer.mode)
-            "last_val": self.last_val,
-        }
+        state = checkpointing.trainer_state(
+            step,
+            sampler=self.sampler,
+            kl_ctrl=self.kl_ctrl,
+            worker=self.worker,
+            version_offset=self.version_offset,
+            batches=self.batches,
+            last_val=self.last_val,
+        )
         with self.monitor.phase("save", step=step):
             path = self.checkpoints.save(step, tokenizer=self.tokenizer, trainer_state=state)
         self.claim.record_checkpoint(step)
@@ -319,26 +313,14 @@ class RLTrainer:
         )
         if point is None:
             return 0
-        state = point.trainer_state
-        self.sampler.load_state_dict(state["sampler"])
-        if self.kl_ctrl is not None:
-            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.worker.sync_weights(version=state["weight_version"])
-        # Checkpoints of before trainer.mode: one version per step, all pushed, nothing collected ahead.
-        self.version_offset = state.get("version_offset", state["weight_version"] - point.step - 1)
-        self.resumed_batches = state.get("batches")
-        self.last_val = state["last_val"]
+        restored = checkpointing.restore_trainer_state(
+            point, sampler=self.sampler, kl_ctrl=self.kl_ctrl, worker=self.worker
+        )
+        self.version_offset, self.resumed_batches = restored.version_offset, restored.batches
+        self.last_val = restored.last_val
         self.log.history = checkpointing.truncate_logs(self.run_dir, point.step)
         self.tracer.writer.truncate_after(point.step)
-        epoch, ahead = (
-            state["sampler"]["epoch"],
-            len(self.resumed_batches["ready"]) if self.resumed_batches else 0,
-        )
-        self.log.console.print(
-            f"[bold green]resumed[/bold green] from {point.path}: step {point.step} done, "
-            f"continuing at step {point.step + 1} (epoch {epoch}, batch {state['sampler']['batch_in_epoch']}"
-            + (f"; {ahead} batch(es) collected ahead, restored)" if ahead else ")")
-        )
+        self.log.console.print(restored.message)
         return point.step
 
     def train_step(self, step: int) -> dict[str, float]:

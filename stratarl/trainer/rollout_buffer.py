@@ -132,9 +132,11 @@ class RolloutBuffer:
         starting another: for a weight push, validation or a checkpoint."""
         with self._cond:
             self._cond.wait_for(
-                lambda: self.error is not None
-                or self.stopped
-                or (not self.producing and not (before_push and self.owes()))
+                lambda: (
+                    self.error is not None
+                    or self.stopped
+                    or (not self.producing and not (before_push and self.owes()))
+                )
             )
             self.held = True
 

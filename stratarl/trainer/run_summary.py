@@ -1,5 +1,5 @@
 """Layer 2, control flow: the summary of a run — what ran, where it went, how it ended — printed as a
-table at the end and written to summary.json."""
+table at the end and written to summary.json, beside the run's other end products (`finish_run`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stratarl.cluster.handles import CriticHandle, PolicyHandle
+from stratarl.observe.plots import plot_learning_curves, plot_run
 from stratarl.observe.run_log import RunLog, write_atomically
 
 # Last-step metrics worth a line of their own; controller bytes are averaged over the run's steps.
@@ -43,6 +44,29 @@ def summary_rows(
             rows["agent failures"] = failure_summary(train, "agent/failures/")
     rows |= {k: v for k, v in last_val.items() if k.startswith("val-core/")}
     return rows
+
+
+def finish_run(
+    log: RunLog,
+    worker: PolicyHandle,
+    tokenizer: Any,
+    *,
+    checkpoints: Path | None,
+    last_val: Mapping[str, float],
+    start: int,
+    total_steps: int,
+    seconds: float,
+) -> None:
+    """The end products of a finished run: final/ (HF weights and tokenizer), curves.png and plots/,
+    and the run summary (printed, and summary.json)."""
+    run_dir = log.run_dir
+    worker.save_pretrained(run_dir / "final")
+    tokenizer.save_pretrained(run_dir / "final")
+    curves = plot_learning_curves(log.history, run_dir / "curves.png")
+    log.log_image("curves", curves, step=total_steps)
+    plot_run(log.history, run_dir / "plots")
+    rows = summary_rows(log.history, last_val, where(run_dir, checkpoints), start, total_steps, seconds)
+    write_summary(log, rows, last_val)
 
 
 def write_placement(run_dir: Path, worker: PolicyHandle, critic: CriticHandle | None) -> None:
