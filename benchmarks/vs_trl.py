@@ -50,7 +50,8 @@ KNOBS = (
     f"n={N}, T forced on both sides, temperature 1, one on-policy update per batch (1 mini-batch, "
     f"1 epoch), token-mean, clip ε={CLIP}, β=0, AdamW lr={LR} wd=0, grad clip 1, fp32, "
     f"{THREADS} threads, one micro-batch; stratarl writes no trace and no trajectory records (TRL writes "
-    f"neither)"
+    f"neither); gradient checkpointing at each side's default: on for TRL (GRPOConfig's default), off "
+    f"for stratarl (side stratarl-gc turns it on: the peak-RSS comparison at equal settings)"
 )
 
 
@@ -172,7 +173,8 @@ def run_trl(paths: dict[str, str], B: int, T: int, steps: int, out: Path) -> dic
 
 def run_stratarl(paths: dict[str, str], B: int, T: int, steps: int, out: Path, side: str) -> dict:
     """side: stratarl (defaults: π_old from the update's forward), stratarl-recompute (a separate
-    old-log-prob forward, as before that removal), stratarl-bypass (π_old = π_rollout)."""
+    old-log-prob forward, as before that removal), stratarl-bypass (π_old = π_rollout), stratarl-gc
+    (the defaults with gradient checkpointing on, as TRL's GRPOConfig has it by default)."""
     from stratarl.config import load_config
     from stratarl.observe.run_log import read_metrics
     from stratarl.trainer.rl_trainer import RLTrainer
@@ -191,6 +193,7 @@ def run_stratarl(paths: dict[str, str], B: int, T: int, steps: int, out: Path, s
         "trainer.logger=[jsonl]", f"cluster.threads_per_worker={THREADS}", "trace.enable=false",
         *(["algorithm.rollout_correction.bypass_mode=true"] if side == "stratarl-bypass" else []),
         *(["actor.old_log_prob_from_update=false"] if side == "stratarl-recompute" else []),
+        *(["model.gradient_checkpointing=true"] if side == "stratarl-gc" else []),
     ]  # fmt: skip
     run_dir = out.parent / f"stratarl-run-{os.getpid()}"
     RLTrainer(load_config(None, overrides), run_dir).fit()
@@ -261,7 +264,9 @@ def summarize(runs: list[dict], warmup: int, T: int, trajectories: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1m-8,10m-1,10m-8,50m-1,50m-8,10m-8-long")
-    parser.add_argument("--sides", default="trl,stratarl,stratarl-recompute", help="also: stratarl-bypass")
+    parser.add_argument(
+        "--sides", default="trl,stratarl,stratarl-recompute", help="also: stratarl-bypass, stratarl-gc"
+    )
     parser.add_argument("--steps", type=int, default=5, help="steps per run, warm-up included")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="runs per side, alternating")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from stratarl.rollout.decode_attention import decode_attention
 from stratarl.rollout.engine_loop import Finished
 from stratarl.rollout.interface import FinishReason, GenerationRequest, GenerationResult
 from stratarl.rollout.kv_cache import PrefillCache, SlotKVCache
@@ -260,7 +261,8 @@ class EngineCore:
         self.cache.ensure_columns(1)
         attend = self.cache.decode_mask()  # [n, span]
         positions = torch.tensor([[r.next_position] for r in self.rows], device=self.device)  # [n, 1]
-        self.logits = self._forward(tokens[:, None], attend, positions, self.cache)
+        with decode_attention():
+            self.logits = self._forward(tokens[:, None], attend, positions, self.cache)
         self.cache.advance()
         for row in self.rows:
             row.next_position += 1

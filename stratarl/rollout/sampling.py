@@ -127,6 +127,11 @@ def banned_tokens(
     bans any."""
     if not any(banned_ids):
         return None
+    first = banned_ids[0]
+    if all(ids == first for ids in banned_ids):  # the usual case (one min_tokens for all): one row
+        row = torch.zeros(vocab_size, dtype=torch.bool)
+        row[[i for i in first if i < vocab_size]] = True
+        return row.to(device).expand(len(banned_ids), vocab_size)
     mask = torch.zeros(len(banned_ids), vocab_size, dtype=torch.bool)
     for row, ids in enumerate(banned_ids):
         mask[row, [i for i in ids if i < vocab_size]] = True
@@ -138,9 +143,10 @@ def draw_uniforms(
 ) -> Tensor:
     """One u ∈ [0, 1) per row: from the row's own generator, or else from the shared one."""
     unseeded = [i for i, g in enumerate(generators) if g is None]
+    if not unseeded:  # every row seeded: one stack instead of n indexed writes
+        return torch.stack([torch.rand((), generator=g) for g in generators]).to(device)
     uniforms = torch.empty(len(generators), dtype=torch.float32)
-    if unseeded:
-        uniforms[unseeded] = torch.rand(len(unseeded), generator=shared)
+    uniforms[unseeded] = torch.rand(len(unseeded), generator=shared)
     for i, g in enumerate(generators):
         if g is not None:
             uniforms[i] = torch.rand((), generator=g)

@@ -169,12 +169,13 @@ class TorchRolloutEngine(SteppedEngine):
         return self._core.can_step()
 
     def _step(self) -> Finished:
-        was_training = self.model.training
+        if not self.model.training:  # the usual case: `eval()` walks every module, 2 × per step
+            return self._core.step()
         self.model.eval()  # the module may be shared with a trainer in-process
         try:
             return self._core.step()
         finally:
-            self.model.train(was_training)
+            self.model.train()
 
     def _fail_all(self, error: BaseException) -> None:
         self._core.fail_all(error)
