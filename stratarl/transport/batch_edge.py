@@ -81,3 +81,14 @@ def token_versions(versions: Sequence[Sequence[int]], *, response_len: int) -> T
     for i, row in enumerate(versions):
         out[i, : len(row)] = torch.tensor(list(row), dtype=torch.int64)
     return out
+
+
+def version_spans(row: Tensor) -> list[list[int]]:
+    """One row of `token_weight_version` [T] as [[first response index, version], ...]: where each
+    version's tokens begin (observation and padding tokens, NO_VERSION, belong to no span). One span
+    unless the response was continued across a weight push."""
+    spans: list[list[int]] = []
+    for index, version in enumerate(row.tolist()):
+        if version != NO_VERSION and (not spans or spans[-1][1] != version):
+            spans.append([index, version])
+    return spans
