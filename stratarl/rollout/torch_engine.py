@@ -131,6 +131,7 @@ class TorchRolloutEngine(SteppedEngine):
         )
         super().__init__()
         self._receiver: WeightReceiver | None = None
+        self._load_waiting = False  # a partial_rollout=continue load waits for the step boundary
         self._broken: str | None = None  # why the served weights are not a whole version
         self._adapter_base: dict[str, Tensor] | None = None  # W₀ of the LoRA-adapted modules
 
@@ -179,7 +180,9 @@ class TorchRolloutEngine(SteppedEngine):
         self._core.waiting.extend(pairs)  # deque.extend is atomic: no lock against a running step
 
     def _can_step(self) -> bool:
-        return self._receiver is None and self._core.can_step()  # no step while weights arrive
+        # no step while weights arrive, nor while a load waits for the step lock (a loop re-taking
+        # the lock at once would starve it: threading.Lock is not fair)
+        return self._receiver is None and not self._load_waiting and self._core.can_step()
 
     def _step(self) -> Finished:
         return self._in_eval(self._core.step)
@@ -270,9 +273,13 @@ class TorchRolloutEngine(SteppedEngine):
             self._step_until(lambda: not self._core.rows)
             self._receiver = WeightReceiver(self.model, version, partial=partial)
             return
-        with self._step_lock:  # a step boundary: no step runs again before finish_weight_update
-            self._core.admission_paused = True
-            self._receiver = WeightReceiver(self.model, version, partial=partial)
+        self._load_waiting = True
+        try:
+            with self._step_lock:  # a step boundary: no step runs again before finish_weight_update
+                self._core.admission_paused = True
+                self._receiver = WeightReceiver(self.model, version, partial=partial)
+        finally:
+            self._load_waiting = False
 
     def receive_weights(self, bucket: Sequence[TensorSlice]) -> None:
         if self._receiver is None:
