@@ -9,9 +9,9 @@ version the bound allows, a push waiting for the batches it owes), and a run rep
 seed. Validation and a checkpoint hold the rollout: the batch in flight finishes first and none
 starts until they are done (a checkpoint thus saves the buffer and a sampler position that agree,
 and a resume continues from both). A weight push holds it too under partial_rollout=finish (every
-batch from one version); under continue it does not: the engine loads the weights between two of
-its steps and the running responses go on with them, so a batch's tokens lie between the version it started with and the
-newest pushed, and its staleness is counted from its oldest token.
+batch from one version); under continue it does not: the engine loads the weights between two of its
+steps and the running responses go on with them, so a batch's tokens lie between the version it
+started with and the newest pushed, and its staleness is counted from its oldest token.
 """
 
 from __future__ import annotations

@@ -130,6 +130,14 @@ def test_continue_resumes_from_its_checkpoint_with_the_buffer_it_saved(task, tmp
             ["async_training.partial_rollout=continue", "trainer.mode=async", "cluster.backend=ray"],
             "async_training.partial_rollout, cluster.placement",
         ),
+        (
+            [
+                "async_training.partial_rollout=continue",
+                "trainer.mode=async",
+                "async_training.deterministic=true",
+            ],
+            "async_training.partial_rollout, async_training.deterministic",
+        ),
         (["async_training.partial_rollout=abort"], "async_training.partial_rollout"),
     ],
 )
