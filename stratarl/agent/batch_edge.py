@@ -18,7 +18,7 @@ from torch import Tensor
 
 from stratarl.agent.trajectory import Trajectory
 from stratarl.reward.token_scores import place_on_last_token
-from stratarl.transport.batch_edge import lay_out_batch_edge, padded_length
+from stratarl.transport.batch_edge import lay_out_batch_edge, padded_length, token_versions
 
 
 def trajectories_to_batch(
@@ -30,10 +30,12 @@ def trajectories_to_batch(
 ) -> tuple[dict[str, Tensor], list[dict[str, Any]]]:
     """(tensors, records): tensors `prompts` [N, P], `responses` [N, T], `input_ids` /
     `attention_mask` / `position_ids` [N, P+T], `response_mask` [N, T] int64, `rollout_log_probs`
-    [N, T] float32, `num_turns` [N] int64, `weight_version` [N] int64 (the newest version that
-    sampled a turn), and `token_level_scores` [N, T] when every trajectory has a reward; records: one
-    `Trajectory.record()` per row (turns, tool calls, stop reason). A prompt or response longer than
-    a given maximum raises ValueError naming the request."""
+    [N, T] float32, `num_turns` [N] int64, `weight_version` [N] int64 (the oldest version that
+    sampled a token of it: what its staleness is measured from), `token_weight_version` [N, T]
+    int64 (the version of each sampled token, -1 on observations and padding), and
+    `token_level_scores` [N, T] when every trajectory has a reward; records: one `Trajectory.record()`
+    per row (turns, tool calls, stop reason). A prompt or response longer than a given maximum
+    raises ValueError naming the request."""
     if not trajectories:
         raise ValueError("trajectories_to_batch needs at least one trajectory")
     names = [t.request_id for t in trajectories]
@@ -51,6 +53,9 @@ def trajectories_to_batch(
     batch |= {
         "num_turns": torch.tensor([t.num_turns for t in trajectories], dtype=torch.int64),
         "weight_version": torch.tensor([_version(t) for t in trajectories], dtype=torch.int64),
+        "token_weight_version": token_versions(
+            [t.response_versions for t in trajectories], response_len=response_mask.shape[1]
+        ),
     }
     if all(t.reward is not None for t in trajectories):
         scores = torch.tensor([float(t.reward) for t in trajectories], dtype=torch.float32)  # [N]
@@ -60,4 +65,4 @@ def trajectories_to_batch(
 
 def _version(trajectory: Trajectory) -> int:
     versions = [turn.weight_version for turn in trajectory.turns if turn.weight_version is not None]
-    return max(versions) if versions else 0
+    return min(versions) if versions else 0

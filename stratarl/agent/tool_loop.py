@@ -151,7 +151,8 @@ class ToolAgentSession:
         """Append the sampled ids with mask 1 and their log-probs; record the turn and its message."""
         t = self.trajectory
         ids = list(result.response_ids)
-        start, end = t.append(ids, sampled=True, log_probs=list(result.log_probs))
+        versions = list(result.token_versions)
+        start, end = t.append(ids, sampled=True, log_probs=list(result.log_probs), versions=versions)
         text = self.renderer.assistant_text(ids)
         turn = Turn(
             "assistant", start, end, text, result.finish_reason, result.weight_version, result.replica_id

@@ -53,7 +53,7 @@ class Turn:
     end: int
     text: str
     finish_reason: str | None = None  # assistant turns: the engine's "stop" / "length"
-    weight_version: int | None = None  # assistant turns: the weights that sampled it
+    weight_version: int | None = None  # assistant turns: the oldest weights that sampled a token of it
     replica_id: int | None = None  # assistant turns: the rollout replica that sampled it
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
@@ -71,6 +71,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_log_probs: list[float] = field(default_factory=list)
+    response_versions: list[int] = field(default_factory=list)  # per token; -1 on observations
     turns: list[Turn] = field(default_factory=list)
     stop_reason: str | None = None
     num_assistant_turns: int = 0
@@ -82,18 +83,28 @@ class Trajectory:
     failure_messages: list[str] = field(default_factory=list)
 
     def append(
-        self, ids: list[int], *, sampled: bool, log_probs: list[float] | None = None
+        self,
+        ids: list[int],
+        *,
+        sampled: bool,
+        log_probs: list[float] | None = None,
+        versions: list[int] | None = None,
     ) -> tuple[int, int]:
-        """Append a span; sampled ids get mask 1 and their log-probs, observations mask 0 and 0.0."""
+        """Append a span; sampled ids get mask 1, their log-probs and the weight version of each
+        (None: 0), observations mask 0, 0.0 and version -1."""
         start = len(self.response_ids)
         self.response_ids.extend(int(t) for t in ids)
         self.response_mask.extend([1 if sampled else 0] * len(ids))
         if sampled:
             if log_probs is None or len(log_probs) != len(ids):
                 raise ValueError("sampled ids need one log-prob each")
+            if versions is not None and len(versions) != len(ids):
+                raise ValueError("sampled ids need one weight version each")
             self.response_log_probs.extend(float(x) for x in log_probs)
+            self.response_versions.extend(int(v) for v in versions or [0] * len(ids))
         else:
             self.response_log_probs.extend([0.0] * len(ids))
+            self.response_versions.extend([-1] * len(ids))
         return start, len(self.response_ids)
 
     @property

@@ -68,12 +68,14 @@ class RankProcess:
         self.cuda_index = cuda_device_index(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         if self.cuda_index is not None:  # before any model, batch or nccl communicator touches a GPU
             torch.cuda.set_device(self.cuda_index)
-        self.rank, self.world_size, self.build = rank, world_size, build
+        self.rank, self.world_size, self.build, self.threads = rank, world_size, build, threads
         self.backend, self.timeout_s = backend, timeout_s
         self.worker: Any = None
 
     def run(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`method(worker, *args, **kwargs)`: every call a worker group makes to this rank."""
+        if torch.get_num_threads() != self.threads:  # a call on another thread of a concurrent actor
+            torch.set_num_threads(self.threads)
         return method(self.worker, *args, **kwargs)
 
     # --- start-up ----------------------------------------------------------------------------------
@@ -113,13 +115,15 @@ def start_processes(
     build: Callable[[int], WorkerBuild],
     *,
     threads: int | None,
+    max_concurrency: int = 1,
     **kwargs: Any,
 ) -> list[Any]:
     """One `RankProcess` actor per bundle of `pool` (process r on bundle r, with `build(r)`, threads
-    from its share unless `threads`); `kwargs` go to every constructor."""
+    from its share unless `threads`); `kwargs` go to every constructor. max_concurrency > 1: calls
+    run on that many threads at once (a rollout replica taking a weight push while it generates)."""
     process = ray.remote(RankProcess)
     return [
-        process.options(**actor_options(pool, group, rank)).remote(
+        process.options(**actor_options(pool, group, rank), max_concurrency=max_concurrency).remote(
             rank=rank,
             world_size=pool.world_size,
             threads=threads or bundle.threads,

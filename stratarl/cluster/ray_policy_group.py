@@ -37,6 +37,8 @@ from stratarl.cluster.transfer_queue_ray import ray_transfer_queue
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES
 
+REPLICA_CALL_THREADS = 4  # partial_rollout=continue: generate calls, a weight push and probes at once
+
 
 def start_policy_group(
     spec: PolicySpec,
@@ -118,7 +120,9 @@ def start_policy_group(
 
 def start_replicas(spec: PolicySpec, deployment: RayDeployment) -> list:
     """One `RolloutReplica` process per bundle of the rollout pool, each its engine built and ready,
-    on the GPU its bundle reserves (cluster.gpus_per_rollout_replica), else on the CPU."""
+    on the GPU its bundle reserves (cluster.gpus_per_rollout_replica), else on the CPU. Under
+    partial_rollout=continue a replica serves calls on several threads, so that a weight push
+    reaches the engine while a generate call is in flight (the engine serializes its steps)."""
     pool = deployment.plan.pool_of("rollout")
     device = "cuda" if pool.gpus > 0 else "cpu"
     spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, device=device))
@@ -127,6 +131,7 @@ def start_replicas(spec: PolicySpec, deployment: RayDeployment) -> list:
         deployment.placement_groups[pool.name],
         lambda index: partial(RolloutReplica, spec, replica_id=index),
         threads=deployment.threads,
+        max_concurrency=REPLICA_CALL_THREADS if spec.rollout.partial_rollout == "continue" else 1,
         timeout_s=deployment.timeout_s,
     )
     deployment.actors += actors

@@ -3,6 +3,7 @@
 sync: generate, score, update, one after another. one_step_off: the batch of step k+1 is generated
 (with the weights step k starts from) while step k trains. async: a producer generates continuously
 into a bounded buffer; the trainer takes batches at most `async_training.max_staleness` versions old.
+`async_training.partial_rollout` says what a weight push does to the generations in flight (async).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from stratarl.config.setting import setting
 TRAINER_MODES = ("sync", "one_step_off", "async")
 STALE_STRATEGIES = ("drop", "wait")
 OFF_POLICY_CORRECTIONS = ("decoupled", "none")
+PARTIAL_ROLLOUTS = ("finish", "continue")
 
 
 @dataclass
@@ -57,6 +59,16 @@ class AsyncTrainingConfig:
         "unless algorithm.rollout_correction sets its own) or none (train stale samples as on-policy)",
         choices=OFF_POLICY_CORRECTIONS,
     )
+    partial_rollout: str = setting(
+        "finish",
+        "async: what a weight push does to the generations in flight — finish (the push waits until "
+        "the batch in flight is done: every trajectory comes from one version) or continue (the push "
+        "lands at the rollout engine's next step boundary; running responses are re-prefilled under "
+        "the new weights and go on from their prefix, each token recording the version that sampled "
+        "it in token_weight_version)",
+        verl="async_training.partial_rollout",
+        choices=PARTIAL_ROLLOUTS,
+    )
 
 
 def async_problems(cfg: Any) -> list[ConfigProblem]:
@@ -78,6 +90,7 @@ def async_problems(cfg: Any) -> list[ConfigProblem]:
                 "trained",
             )
         )
+    problems += _partial_rollout_problems(cfg)
     if a.deterministic and a.stale_strategy != "wait":
         problems.append(
             ConfigProblem(
@@ -93,6 +106,46 @@ def async_problems(cfg: Any) -> list[ConfigProblem]:
                 ("async_training.deterministic", "async_training.buffer_batches"),
                 f"buffer_batches={a.buffer_batches} < max_staleness − weight_sync_interval + 1 = {owed}: "
                 "a push would wait for batches the buffer has no room for",
+            )
+        )
+    return problems
+
+
+def _partial_rollout_problems(cfg: Any) -> list[ConfigProblem]:
+    """partial_rollout=continue is built for trainer.mode=async on the torch engine, in one process
+    or with the split placement (a colocated rank cannot take a push while it generates)."""
+    if cfg.async_training.partial_rollout != "continue":
+        return []
+    key, problems = "async_training.partial_rollout", []
+    if cfg.trainer.mode != "async":
+        problems.append(
+            ConfigProblem(
+                (key, "trainer.mode"),
+                f"partial_rollout=continue needs trainer.mode=async, got {cfg.trainer.mode} (only async "
+                "pushes weights while a batch is generated)",
+            )
+        )
+    if cfg.async_training.deterministic:
+        problems.append(
+            ConfigProblem(
+                (key, "async_training.deterministic"),
+                "partial_rollout=continue cannot be deterministic: where a push lands in a response "
+                "depends on the two sides' speeds",
+            )
+        )
+    if cfg.rollout.backend != "torch":
+        problems.append(
+            ConfigProblem(
+                (key, "rollout.backend"),
+                f"partial_rollout=continue is built for rollout.backend=torch, not {cfg.rollout.backend}",
+            )
+        )
+    if cfg.cluster.backend == "ray" and cfg.cluster.placement != "split":
+        problems.append(
+            ConfigProblem(
+                (key, "cluster.placement"),
+                "partial_rollout=continue on Ray needs cluster.placement=split: a colocated rank "
+                "generates and takes the push in one call at a time",
             )
         )
     return problems

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stratarl.transport.batch_edge import version_spans
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.fields import ROW_ID
 
@@ -90,12 +91,20 @@ def generation_fields(
         "sampling": [to_json(dict(sampling))] * len(batch),
         "seed": list(seeds),
         "weight_version": [int(v) for v in batch["weight_version"]],
+        "weight_version_spans": weight_version_spans(batch),
         "finish_reason": [str(r) for r in batch["finish_reason"]],
         "response_ids": responses,
         "response_text": [decode(ids) for ids in responses],
         "response_tokens": lengths,
         "action_tokens": batch["response_mask"].sum(-1).tolist(),
     }
+
+
+def weight_version_spans(batch: DataProto) -> list[list[list[int]]]:
+    """[[first response index, version], ...] per row: where each weight version's tokens begin."""
+    if "token_weight_version" not in batch:
+        return [[[0, int(v)]] for v in batch["weight_version"]]
+    return [version_spans(row) for row in batch["token_weight_version"]]
 
 
 def _replicas(batch: DataProto) -> list[int | None]:

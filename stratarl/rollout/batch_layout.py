@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from stratarl.rollout.interface import GenerationResult
-from stratarl.transport.batch_edge import lay_out_batch_edge, padded_length
+from stratarl.transport.batch_edge import lay_out_batch_edge, padded_length, token_versions
 
 
 def results_to_batch(
@@ -29,7 +29,9 @@ def results_to_batch(
     a prompt or response longer than a given maximum raises ValueError naming the request.
     Returns tensors `prompts` [N, P], `responses` [N, T], `input_ids` / `attention_mask` /
     `position_ids` [N, P+T] (int64), `response_mask` [N, T] (int64), `rollout_log_probs` [N, T]
-    (float32), `weight_version` [N] (int64), and lists `request_id`, `finish_reason`, `replica_id` [N].
+    (float32), `weight_version` [N] (int64, the oldest version in the response),
+    `token_weight_version` [N, T] (int64, the version of each token, -1 on padding), and lists
+    `request_id`, `finish_reason`, `replica_id` [N].
     """
     if not results:
         raise ValueError("results_to_batch needs at least one result")
@@ -43,8 +45,10 @@ def results_to_batch(
         response_len=padded_length(response_ids, max_response_len, "response", names),
         log_probs=[r.log_probs for r in results],
     )
+    T = batch["responses"].shape[1]
     return batch | {
         "weight_version": torch.tensor([r.weight_version for r in results], dtype=torch.int64),
+        "token_weight_version": token_versions([r.token_versions for r in results], response_len=T),
         "request_id": [r.request_id for r in results],
         "finish_reason": [r.finish_reason for r in results],
         "replica_id": [r.replica_id for r in results],

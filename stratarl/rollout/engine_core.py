@@ -40,10 +40,16 @@ class _Row:
     rule: StopRule
     generator: torch.Generator | None
     next_position: int  # position id of the next token fed
-    version: int
     num_cached: int
+    versions: list[tuple[int, int]]  # (index of the first token, weight version) of each stretch
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+
+    def token_versions(self) -> tuple[int, ...]:
+        """The weight version that sampled each token (one stretch unless weights loaded mid-row)."""
+        ends = [start for start, _ in self.versions[1:]] + [len(self.tokens)]
+        stretches = zip(self.versions, ends, strict=True)
+        return tuple(v for (start, v), end in stretches for _ in range(end - start))
 
 
 @dataclass
@@ -121,6 +127,25 @@ class EngineCore:
         self.store.clear()
         return held
 
+    @torch.inference_mode()
+    def reprefill_running(self) -> None:
+        """After a weight load between steps (partial rollout `continue`): recompute every running
+        row's KV and next-token logits under the weights now served, from its prompt and the tokens
+        it has so far, so its next token is sampled from the new policy given its whole prefix (the
+        tokens before keep the version and log-prob that sampled them). Costs one prefill of
+        Σ (P_i + t_i) tokens, counted in `prefilled_tokens`."""
+        if not self.rows:
+            return
+        sequences = [row.request.prompt_ids + tuple(row.tokens) for row in self.rows]
+        prefixes = self._prefill_fresh(sequences)  # [n] in row order, each row's own KV columns
+        self.cache = SlotKVCache()
+        self.cache.reserve_rows(len(self.rows))
+        for prefix in prefixes:
+            self.cache.admit(prefix.kv, copies=1)
+        self.logits = torch.stack([prefix.logits for prefix in prefixes])  # [n, V]
+        for row in self.rows:
+            row.versions.append((len(row.tokens), self.version))
+
     # --- 1. admission and prefill --------------------------------------------------------------
     def _admit(self) -> None:
         if self.admission_paused or not self.waiting:
@@ -172,8 +197,8 @@ class EngineCore:
                     rule=self.make_rule(request),
                     generator=None if seed is None else torch.Generator().manual_seed(seed),
                     next_position=len(request.prompt_ids),
-                    version=self.version,
                     num_cached=num_cached,
+                    versions=[(0, self.version)],
                 )
             )
 
@@ -241,14 +266,15 @@ class EngineCore:
         return tokens, finished
 
     def _result(self, row: _Row, reason: FinishReason, stop_reason: int | str | None) -> GenerationResult:
-        r = row.request
+        r, versions = row.request, row.token_versions()
         return GenerationResult(
             request_id=r.request_id,
             prompt_ids=r.prompt_ids,
             response_ids=tuple(row.tokens),
             log_probs=tuple(row.log_probs),
             finish_reason=reason,
-            weight_version=row.version,
+            weight_version=min(versions),
+            token_versions=versions,
             stop_reason=stop_reason,
             sampling=r.sampling,
             replica_id=self.replica_id,

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
 from stratarl.rollout.interface import GenerationRequest, GenerationResult
 
 Finished = list[tuple[Future, GenerationResult]]
+IDLE_WAIT_S = 0.001  # how long `generate` sleeps when it has nothing to step, instead of spinning
 
 
 class SteppedEngine:
@@ -69,8 +71,11 @@ class SteppedEngine:
             if reason is not None:
                 raise RuntimeError(reason)
             with self._step_lock:
-                if self._can_step():
+                stepped = self._can_step()
+                if stepped:
                     self._run_step()
+            if not stepped:  # nothing to step here (a driver holds the rows, or weights arrive)
+                time.sleep(IDLE_WAIT_S)
         return [f.result() for f in futures]
 
     async def generate_async(self, request: GenerationRequest) -> GenerationResult:

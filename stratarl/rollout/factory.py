@@ -34,7 +34,8 @@ class RolloutEngineSpec:
     `VllmRolloutEngine`'s default of 256). max_model_len: prompt + response tokens a sequence may
     reach (vLLM sizes its KV cache by it; the torch engine caps responses at the model's context).
     free_cache_engine: a colocated worker releases the engine's KV cache when it starts a training
-    phase on the same GPU (`release_memory`).
+    phase on the same GPU (`release_memory`). partial_rollout: what a weight load does to the
+    requests running (`torch_engine`: finish or continue; vLLM always finishes them).
     """
 
     backend: str = "torch"
@@ -43,6 +44,7 @@ class RolloutEngineSpec:
     max_num_seqs: int | None = 256
     max_model_len: int = 2048
     free_cache_engine: bool = True
+    partial_rollout: str = "finish"
 
     def __post_init__(self) -> None:
         if self.backend not in ROLLOUT_BACKENDS:
@@ -73,6 +75,7 @@ def build_torch_engine(
         seed=spec.seed + replica_id,
         max_num_seqs=spec.max_num_seqs or UNBOUNDED_SEQS,
         replica_id=replica_id,
+        partial_rollout=spec.partial_rollout,
     )
 
 

@@ -8,6 +8,7 @@ why generation stopped, and where it came from: replica, sampling params and wei
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -103,7 +104,10 @@ class GenerationResult:
     response_ids and log_probs have the same length T_i >= 1: log_probs[t] is the log-prob of
     response_ids[t] under the rule documented in `stratarl.rollout.sampling`. finish_reason is
     "stop" when an EOS/stop id or stop string ended it (`stop_reason` says which) and "length" when
-    max_tokens ran out. Provenance: `weight_version` that produced every token, `replica_id` of the
+    max_tokens ran out. Provenance: `token_versions[t]`, the weight version that sampled token t
+    (non-decreasing; more than one version only when weights loaded while the request ran, partial
+    rollout `continue`; empty at construction means every token came from `weight_version`);
+    `weight_version`, the oldest of them (what staleness is measured from); `replica_id` of the
     engine that served it, the `sampling` params it ran with, and `num_cached_tokens`, the prompt
     tokens whose KV came from a cache (prefix sharing) instead of a prefill.
     """
@@ -118,6 +122,7 @@ class GenerationResult:
     sampling: SamplingParams | None = None
     replica_id: int = 0
     num_cached_tokens: int = 0
+    token_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.log_probs):
@@ -125,6 +130,16 @@ class GenerationResult:
                 f"result {self.request_id!r}: {len(self.response_ids)} response ids but "
                 f"{len(self.log_probs)} log-probs"
             )
+        versions = tuple(int(v) for v in self.token_versions) or (self.weight_version,) * len(self.log_probs)
+        object.__setattr__(self, "token_versions", versions)
+        oldest = min(versions, default=self.weight_version)
+        if len(versions) != len(self.response_ids) or oldest != self.weight_version:
+            raise ValueError(
+                f"result {self.request_id!r}: {len(versions)} token versions {versions[:8]} for "
+                f"{len(self.response_ids)} response ids of weight_version {self.weight_version}"
+            )
+        if any(a > b for a, b in itertools.pairwise(versions)):
+            raise ValueError(f"result {self.request_id!r}: token versions go back in time: {versions}")
 
 
 @runtime_checkable

@@ -4,8 +4,15 @@ The decode loop is ours (the model's forward with our KV cache, not `model.gener
 log-probs follow the rule of `stratarl.rollout.sampling` and requests can join and leave the
 running batch at every step (`stratarl.rollout.engine_core`). The batch call `generate(requests)`
 and the async call `await generate_async(request)` come from `stratarl.rollout.engine_loop`; this
-module adds construction (dtype, stop rules) and weight updates, which wait for running requests to
-finish so that every result comes from one weight version.
+module adds construction (dtype, stop rules) and weight updates. What a load does to the requests
+running when it arrives is `partial_rollout`:
+
+    finish    the load waits until they finish on the old weights (every result has one version);
+    continue  the load happens at the next step boundary; the running rows pause while the weights
+              arrive, then their KV and next-token logits are recomputed under the new weights from
+              prompt + tokens so far (`EngineCore.reprefill_running`) and they go on. Each token
+              records the version that sampled it (`GenerationResult.token_versions`), and its
+              log-prob is that version's, given its whole prefix.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from stratarl.rollout.weight_sync import (
 )
 
 SERVED_LAYER_TYPES = ("full_attention", "sliding_attention")
+PARTIAL_ROLLOUT = ("finish", "continue")  # what a weight load does to running requests (module doc)
 
 
 def check_architecture(config) -> None:
@@ -73,6 +81,7 @@ class TorchRolloutEngine(SteppedEngine):
     dtype: serve the model in this dtype (e.g. torch.bfloat16): the model is cast in place.
     detokenize: token ids -> text (e.g. `tokenizer.decode`), needed for stop strings.
     replica_id: recorded in every result (set by whoever builds several replicas).
+    partial_rollout: finish or continue, what a weight load does to running requests (module doc).
     """
 
     def __init__(
@@ -88,8 +97,12 @@ class TorchRolloutEngine(SteppedEngine):
         dtype: torch.dtype | None = None,
         detokenize: Detokenize | None = None,
         replica_id: int = 0,
+        partial_rollout: str = "finish",
     ) -> None:
         check_architecture(model.config)
+        if partial_rollout not in PARTIAL_ROLLOUT:
+            raise ValueError(f"partial_rollout={partial_rollout!r}; valid: {', '.join(PARTIAL_ROLLOUT)}")
+        self.partial_rollout = partial_rollout
         if dtype is not None:
             model.to(dtype)
         self.model = model
@@ -118,6 +131,7 @@ class TorchRolloutEngine(SteppedEngine):
         )
         super().__init__()
         self._receiver: WeightReceiver | None = None
+        self._load_waiting = False  # a partial_rollout=continue load waits for the step boundary
         self._broken: str | None = None  # why the served weights are not a whole version
         self._adapter_base: dict[str, Tensor] | None = None  # W₀ of the LoRA-adapted modules
 
@@ -166,14 +180,19 @@ class TorchRolloutEngine(SteppedEngine):
         self._core.waiting.extend(pairs)  # deque.extend is atomic: no lock against a running step
 
     def _can_step(self) -> bool:
-        return self._core.can_step()
+        # no step while weights arrive, nor while a load waits for the step lock (a loop re-taking
+        # the lock at once would starve it: threading.Lock is not fair)
+        return self._receiver is None and not self._load_waiting and self._core.can_step()
 
     def _step(self) -> Finished:
+        return self._in_eval(self._core.step)
+
+    def _in_eval(self, fn):
         if not self.model.training:  # the usual case: `eval()` walks every module, 2 × per step
-            return self._core.step()
+            return fn()
         self.model.eval()  # the module may be shared with a trainer in-process
         try:
-            return self._core.step()
+            return fn()
         finally:
             self.model.train()
 
@@ -181,7 +200,7 @@ class TorchRolloutEngine(SteppedEngine):
         self._core.fail_all(error)
 
     def _blocked_reason(self) -> str | None:
-        if self._receiver is not None:
+        if self._receiver is not None and self.partial_rollout == "finish":
             return "engine is receiving weights: call finish_weight_update first"
         return None
 
@@ -243,14 +262,25 @@ class TorchRolloutEngine(SteppedEngine):
         check_state_dict_keys(self.model, state_dict)
 
     def begin_weight_update(self, version: int, *, partial: bool = False) -> None:
-        """Stop admitting, let running requests finish (on the old version), then accept buckets."""
+        """Stop admitting, then accept buckets: once running requests finish on the old version
+        (partial_rollout=finish), or at once, between two steps, the running rows paused until
+        `finish_weight_update` (continue)."""
         if version <= self._core.version:
             raise WeightSyncError(
                 f"weight version must increase: serving {self._core.version}, asked to load {version}"
             )
-        self._core.admission_paused = True
-        self._step_until(lambda: not self._core.rows)
-        self._receiver = WeightReceiver(self.model, version, partial=partial)
+        if self.partial_rollout == "finish":
+            self._core.admission_paused = True
+            self._step_until(lambda: not self._core.rows)
+            self._receiver = WeightReceiver(self.model, version, partial=partial)
+            return
+        self._load_waiting = True
+        try:
+            with self._step_lock:  # a step boundary: no step runs again before finish_weight_update
+                self._core.admission_paused = True
+                self._receiver = WeightReceiver(self.model, version, partial=partial)
+        finally:
+            self._load_waiting = False
 
     def receive_weights(self, bucket: Sequence[TensorSlice]) -> None:
         if self._receiver is None:
@@ -267,7 +297,13 @@ class TorchRolloutEngine(SteppedEngine):
             self._core.version, self._receiver, self._broken = report.version, None, None
             self._core.store.clear()  # cached prefixes were computed with the old weights
             self._core.admission_paused = False
-        if self._core.waiting:
+            if self._core.rows:  # partial_rollout=continue: their KV is the old weights'
+                try:
+                    self._in_eval(self._core.reprefill_running)
+                except BaseException as error:
+                    self._core.fail_all(error)
+                    raise
+        if self._core.can_step():
             self._start_driver()
         return report
 

@@ -6,9 +6,12 @@ Which version generates which batch depends on the two sides' speeds (that is th
 mode), so a run is not bit-reproducible; the staleness bound holds whatever the speeds. With
 `async_training.deterministic` the schedule is pinned (`RolloutBuffer`: each batch from the oldest
 version the bound allows, a push waiting for the batches it owes), and a run reproduces given its
-seed. A weight push, validation and a checkpoint each hold the rollout: the batch in flight finishes first and
-none starts until they are done (a checkpoint thus saves the buffer and a sampler position that
-agree, and a resume continues from both).
+seed. Validation and a checkpoint hold the rollout: the batch in flight finishes first and none
+starts until they are done (a checkpoint thus saves the buffer and a sampler position that agree,
+and a resume continues from both). A weight push holds it too under partial_rollout=finish (every
+batch from one version); under continue it does not: the engine loads the weights between two of its
+steps and the running responses go on with them, so a batch's tokens lie between the version it
+started with and the newest pushed, and its staleness is counted from its oldest token.
 """
 
 from __future__ import annotations
@@ -56,9 +59,12 @@ class AsyncBatches:
         version_of: Callable[[int], int],
         rollout_version: int,
         first_step: int,
+        partial_rollout: str = "finish",
     ):
         self.collector, self.worker, self.monitor = producer_collector(collector), worker, monitor
         self.meter, self.sync_interval = OverlapMeter(), sync_interval
+        self.partial_rollout = partial_rollout
+        self.newest = rollout_version  # the newest version pushed or being pushed
         self.buffer = RolloutBuffer(
             capacity=capacity,
             max_staleness=max_staleness,
@@ -81,11 +87,11 @@ class AsyncBatches:
             try:
                 with self.meter.rollout.busy():
                     produced = produce(self.collector, step)
-                check_versions(produced, version)
+                oldest = check_versions(produced, version, self.newest)
             except BaseException as error:  # handed to the trainer, which raises it in its thread
                 self.buffer.end_produce(None, error)
                 return
-            self.buffer.end_produce(BufferedBatch(step, version, len(produced.batch), produced))
+            self.buffer.end_produce(BufferedBatch(step, oldest, len(produced.batch), produced))
 
     def take(self, step: int, timings: dict[str, float]) -> tuple[ProducedBatch, dict[str, float]]:
         if self.thread is None:
@@ -105,9 +111,14 @@ class AsyncBatches:
 
     def push_weights(self, step: int, version: int, timings: dict[str, float], *, force: bool) -> dict:
         """Every `sync_interval` steps (and when `force`d: a checkpoint step), after the batch in
-        flight; {} on other steps."""
+        flight (partial_rollout=finish) or into it (continue); {} on other steps."""
         if not force and step % self.sync_interval:
             return {}
+        self.newest = version  # before the push: a token may carry it as soon as it lands
+        if self.partial_rollout == "continue":
+            metrics = push(self.worker, self.monitor, step, version, timings)
+            self.buffer.advance(version)
+            return metrics
         with self.monitor.phase("wait_rollout", timings, step=step), self.meter.trainer_wait.busy():
             self.buffer.hold(before_push=True)
         try:
@@ -145,14 +156,21 @@ class AsyncBatches:
             self.thread.join(timeout=JOIN_TIMEOUT_S)
 
 
-def check_versions(produced: ProducedBatch, version: int) -> None:
-    """Every row of the batch must come from the version the producer held the rollout at."""
-    versions = produced.batch["weight_version"]
-    if not bool((versions == version).all()):
+def check_versions(produced: ProducedBatch, version: int, newest: int) -> int:
+    """Every token of the batch must come from a version between the one the rollout served when
+    the producer started it and the newest pushed since (equal under partial_rollout=finish, which
+    holds the rollout); returns the oldest version of its rows (what its staleness counts from)."""
+    rows, seen = produced.batch["weight_version"], set(produced.batch["weight_version"].tolist())
+    if "token_weight_version" in produced.batch:
+        tokens = produced.batch["token_weight_version"]
+        seen |= set(tokens[tokens >= 0].tolist())  # -1: observation and padding tokens
+    seen = sorted(seen)
+    if seen[0] < version or seen[-1] > newest:
         raise RuntimeError(
-            f"batch for step {produced.step}: rows carry weight versions {sorted(set(versions.tolist()))}, "
-            f"but the rollout was held at version {version} while it generated them"
+            f"batch for step {produced.step}: tokens carry weight versions {seen}, but the rollout served "
+            f"versions {version}..{newest} while it generated them"
         )
+    return int(rows.min())
 
 
 def _materialized(item: ProducedBatch, materialize: Callable[[DataProto], DataProto]) -> ProducedBatch:

@@ -10,7 +10,8 @@ Every source returns `ProducedBatch`es and counts how long the rollout and the t
 (`OverlapMeter`: the async/* metrics). The producer runs the same `BatchCollector` on its own copy of
 the step tracer; its phases (gen, reward) are under the run's watchdog like the trainer's, and the
 trainer's wait for it is the phase `wait_rollout`, so a stalled producer is named, not a silent hang.
-Each batch's rows are generated with one version; the per-row `weight_version` comes from the engine.
+The engine records the version of every token (`token_weight_version`); a row's `weight_version` is
+its oldest. Rows span versions only under async with partial_rollout=continue.
 """
 
 from __future__ import annotations
@@ -113,12 +114,29 @@ class OverlapMeter:
 
 
 def staleness_metrics(batch: DataProto, trained_version: int) -> dict[str, float]:
-    """async/staleness_{mean,min,max}: trained version − generating version, over the batch's rows."""
+    """async/staleness_{mean,min,max}: trained version − generating version over the batch's rows
+    (a row's generating version: its oldest token's). With `token_weight_version`, over the sampled
+    tokens too: async/token_staleness_{mean,max}, and async/partial_rows, the rows whose tokens come
+    from more than one version (a response continued across a push)."""
     staleness = (trained_version - batch["weight_version"]).double()
-    return {
+    metrics = {
         "async/staleness_mean": staleness.mean().item(),
         "async/staleness_min": staleness.min().item(),
         "async/staleness_max": staleness.max().item(),
+    }
+    if "token_weight_version" not in batch:
+        return metrics
+    versions = batch["token_weight_version"]  # [N, T]
+    sampled = batch["response_mask"].bool() & (versions >= 0)
+    if not sampled.any():
+        return metrics
+    token_staleness = (trained_version - versions[sampled]).double()  # [tokens]
+    newest = versions.masked_fill(~sampled, -1).max(dim=-1).values  # [N]
+    oldest = versions.masked_fill(~sampled, torch.iinfo(versions.dtype).max).min(dim=-1).values
+    return metrics | {
+        "async/token_staleness_mean": token_staleness.mean().item(),
+        "async/token_staleness_max": token_staleness.max().item(),
+        "async/partial_rows": float(((newest > oldest) & sampled.any(dim=-1)).sum()),
     }
 
 

@@ -131,6 +131,7 @@ def rollout_engine_spec(cfg: RunConfig) -> RolloutEngineSpec:
         seed=cfg.trainer.seed,
         max_num_seqs=r.trajectories_per_generate_batch or None,  # 0: no bound of ours
         max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,  # P + T
+        partial_rollout=cfg.async_training.partial_rollout,
     )
 
 

@@ -17,6 +17,7 @@ from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
 from stratarl.cluster.handles import CriticHandle, PolicyHandle
+from stratarl.observe.trace_fields import weight_version_spans
 from stratarl.reward.batch_scorer import RewardResult
 from stratarl.reward.manager import RewardInputs, RewardManager, as_reward_manager
 from stratarl.reward.score_call import finite_float
@@ -253,6 +254,7 @@ def trajectory_records(
         float(row[m][0]) if m.any() else 0.0 for row, m in zip(batch["advantages"], mask, strict=True)
     ]
     extras = scorer_extra_columns(batch)
+    spans = weight_version_spans(batch)
     return [
         {
             "step": step,
@@ -273,6 +275,7 @@ def trajectory_records(
             "reward_failure": batch["reward_failure"][i] if "reward_failure" in batch else "",
             "advantage": advantages[i],
             "weight_version": int(batch["weight_version"][i]),
+            "weight_version_spans": spans[i],  # [[first response index, version], ...]
         }
         for i in range(len(batch))
     ]

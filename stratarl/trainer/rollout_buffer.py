@@ -1,9 +1,11 @@
 """Layer 2, control flow: the bounded buffer between rollout producer and trainer (trainer.mode=async).
 
-The producer generates batches, each with one weight version (it holds the rollout while it
-generates, so a weight push waits for the batch in flight); the trainer takes one per step. The
-staleness of a batch trained at step j is  s = p(j) − v,  p(j) the policy version step j trains
-(`version_of(j)`), v the version that generated it. The bound `max_staleness` S holds either way:
+The producer generates batches; the trainer takes one per step. A weight push either waits for the
+batch in flight (`hold`/`release`: the batch has one version) or lands in it (`advance`, partial
+rollout: its tokens then span versions from the one it started with upward). The staleness of a
+batch trained at step j is  s = p(j) − v,  p(j) the policy version step j trains (`version_of(j)`),
+v the oldest version that generated a token of it (never older than the version the rollout served
+when the batch started). The bound `max_staleness` S holds either way:
 
     wait: the producer starts the batch meant for step L only once the rollout serves v ≥ p(L) − S,
           so no batch can pass the bound (tinker-cookbook's pacing; nothing is thrown away);
@@ -35,7 +37,7 @@ class ProducerFailed(RuntimeError):
 @dataclass
 class BufferedBatch:
     step: int  # the step it was produced for (the step that trains it under `wait`)
-    version: int  # the rollout version that generated every row
+    version: int  # the oldest rollout version that generated a token of it
     rows: int
     item: Any = None  # what the producer made (a `batch_sources.ProducedBatch`)
 
@@ -146,6 +148,13 @@ class RolloutBuffer:
             self.held = False
             if version is not None:
                 self.rollout_version = version
+            self._cond.notify_all()
+
+    def advance(self, version: int) -> None:
+        """The rollout serves `version` now, pushed into the batch in flight (partial rollout): the
+        producer is not held, only paced by the newer version."""
+        with self._cond:
+            self.rollout_version = max(self.rollout_version, version)
             self._cond.notify_all()
 
     def restore(self, items: list[BufferedBatch]) -> None:

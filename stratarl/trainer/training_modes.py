@@ -65,4 +65,5 @@ def build_batch_source(
         version_of=version_of,
         rollout_version=worker.weight_version,
         first_step=first_step,
+        partial_rollout=a.partial_rollout,
     )

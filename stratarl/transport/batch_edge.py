@@ -69,3 +69,26 @@ def lay_out_batch_edge(
     if log_probs is not None:
         batch["rollout_log_probs"] = rollout_log_probs * response_mask  # 0 under mask 0
     return batch
+
+
+NO_VERSION = -1  # `token_weight_version` where no weights sampled the token (observations, padding)
+
+
+def token_versions(versions: Sequence[Sequence[int]], *, response_len: int) -> Tensor:
+    """`token_weight_version` [N, T] int64: the weight version that sampled each response token,
+    right-padded with NO_VERSION (as are observation tokens, given as NO_VERSION)."""
+    out = torch.full((len(versions), response_len), NO_VERSION, dtype=torch.int64)
+    for i, row in enumerate(versions):
+        out[i, : len(row)] = torch.tensor(list(row), dtype=torch.int64)
+    return out
+
+
+def version_spans(row: Tensor) -> list[list[int]]:
+    """One row of `token_weight_version` [T] as [[first response index, version], ...]: where each
+    version's tokens begin (observation and padding tokens, NO_VERSION, belong to no span). One span
+    unless the response was continued across a weight push."""
+    spans: list[list[int]] = []
+    for index, version in enumerate(row.tolist()):
+        if version != NO_VERSION and (not spans or spans[-1][1] != version):
+            spans.append([index, version])
+    return spans

@@ -121,7 +121,13 @@ FIELDS: dict[str, FieldSpec] = dict(
         _spec("rollout_log_probs", "float", "N T", _RESP, "rollout", "actor.update metrics",
               "log π_rollout(token): log-probs reported by the sampler (bypass mode, rollout correction)"),
         _spec("weight_version", "int64", "N", None, "rollout", "actor.update metrics trace",
-              "version of the policy weights that generated the trajectory; staleness = trained − this"),
+              "version of the policy weights that generated the trajectory (the oldest of its tokens': "
+              "async_training.partial_rollout=continue may switch versions mid-response); "
+              "staleness = trained − this"),
+        _spec("token_weight_version", "int64", "N T", _RESP, "rollout", "metrics trace",
+              "version of the policy weights that sampled each response token (-1 on observations and "
+              "padding); ≥ weight_version, more than one value only for a response continued across a "
+              "weight push"),
         _spec("finish_reason", "object", "N", None, "rollout", "metrics trace",
               "why generation stopped: 'stop' (EOS or a stop string) or 'length' (max tokens ran out)"),
         _spec("replica_id", "object", "N", None, "rollout", "trace",

@@ -55,6 +55,8 @@ def test_layout_matches_a_plain_loop(renderer, tokenizer):
     assert torch.equal(batch["input_ids"], torch.cat([batch["prompts"], batch["responses"]], dim=1))
     assert batch["num_turns"].tolist() == [6, 2, 2] and batch["weight_version"].tolist() == [4, 4, 4]
     assert (batch["rollout_log_probs"][batch["response_mask"] == 0] == 0).all()
+    mask = batch["response_mask"].bool()  # each sampled token's version, -1 on observations and padding
+    assert torch.equal(batch["token_weight_version"], torch.where(mask, 4, -1))
     assert "token_level_scores" not in batch  # not scored yet
     json.dumps(records)  # JSON-ready
     assert [r["stop_reason"] for r in records] == ["eos", "eos", "parse_error"]
@@ -71,9 +73,9 @@ def test_layout_matches_a_plain_loop(renderer, tokenizer):
 
 def test_reward_sits_on_the_last_action_token_not_on_a_trailing_observation():
     t = Trajectory("x", [5, 6], [])
-    t.append([10, 11], sampled=True, log_probs=[-0.1, -0.2])
+    t.append([10, 11], sampled=True, log_probs=[-0.1, -0.2], versions=[1, 1])
     t.append([12, 13, 14], sampled=False)
-    t.append([15], sampled=True, log_probs=[-0.3])
+    t.append([15], sampled=True, log_probs=[-0.3], versions=[2])
     t.append([16, 17], sampled=False)  # e.g. a closing user turn, masked out
     t.turns = [Turn("assistant", 0, 2, "", weight_version=1), Turn("assistant", 5, 6, "", weight_version=2)]
     t.reward = 0.75
@@ -84,7 +86,9 @@ def test_reward_sits_on_the_last_action_token_not_on_a_trailing_observation():
     assert scores.shape == (2, 9)
     assert scores[0].tolist() == [0, 0, 0, 0, 0, 0.75, 0, 0, 0]  # index 5 = token 15, the last action
     assert scores[1].tolist() == [-1.0] + [0.0] * 8
-    assert batch["weight_version"].tolist() == [2, 0]
+    # the oldest version that sampled a token: staleness is measured from it
+    assert batch["weight_version"].tolist() == [1, 0]
+    assert batch["token_weight_version"].tolist() == [[1, 1, -1, -1, -1, 2, -1, -1, -1], [0] + [-1] * 8]
 
 
 def test_too_long_raises_naming_the_request():

@@ -38,6 +38,18 @@ def test_hand_written_layout():
         assert batch[key].dtype == torch.int64, key
     assert batch["rollout_log_probs"].dtype == torch.float32
     assert batch["weight_version"].dtype == torch.int64
+    assert batch["token_weight_version"].tolist() == [[4, 4, 4], [3, -1, -1]]  # -1 on padding
+
+
+def test_a_response_continued_across_a_push_carries_each_tokens_version():
+    switched = GenerationResult("z", (5,), (8, 9, 2, 11), (-0.5,) * 4, "stop", 3, token_versions=(3, 3, 4, 4))
+    batch = results_to_batch([switched, RESULTS[1]], pad_token_id=PAD, max_response_len=5)
+    assert batch["token_weight_version"].tolist() == [[3, 3, 4, 4, -1], [3, -1, -1, -1, -1]]
+    assert batch["weight_version"].tolist() == [3, 3]  # the oldest: what staleness is measured from
+    with pytest.raises(ValueError, match="token versions"):  # weight_version must be the oldest
+        GenerationResult("w", (5,), (8, 9), (-0.5, -0.5), "stop", 4, token_versions=(3, 4))
+    with pytest.raises(ValueError, match="back in time"):
+        GenerationResult("w", (5,), (8, 9), (-0.5, -0.5), "stop", 3, token_versions=(4, 3))
 
 
 def test_fixed_maxima_pad_further_and_change_no_real_token():

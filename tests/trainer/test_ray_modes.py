@@ -1,7 +1,8 @@
 """The off-policy modes on Ray with the split placement: the rollout replica generates the next batch
 while the training ranks update (overlap > 0), one_step_off is exactly one version stale after step
 1, and async keeps its bound while pushing every k steps — with batches through the controller and
-through the TransferQueue, whose end-of-step clear keeps the batches collected ahead."""
+through the TransferQueue, whose end-of-step clear keeps the batches collected ahead — also into a
+generate call in flight (partial_rollout=continue)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,20 @@ def test_async_on_split_ray_keeps_its_bound_through_the_transfer_queue(task, tmp
     held = [r["controller/queue_rows_held"] for r in train]
     assert all(h % 16 == 0 and h <= 3 * 16 for h in held), held  # whole batches: 2 buffered, 1 in flight
     assert [r["step"] for r in train if "rollout/weight_version" in r] == [2, 4]  # and save_freq=2's
+
+
+def test_async_continue_on_split_ray_pushes_into_the_generate_call_in_flight(task, tmp_path):
+    """partial_rollout=continue: the replica takes the push on another thread while its generate call
+    runs (a one-call-at-a-time replica would finish the batch first: no partial rows)."""
+    extra = [
+        "async_training.partial_rollout=continue",
+        "async_training.max_staleness=1",
+        "rollout.max_response_tokens=48",
+        "rollout.ignore_eos=true",
+        "rollout.trajectories_per_generate_batch=2",
+        "trainer.total_steps=6",  # the pushes after steps 1, 3, 5 hold nothing (2, 4, 6 validate)
+    ]
+    train = train_on_ray(task, tmp_path / "run", "async", *extra)
+    assert all(r["async/staleness_max"] <= 1 for r in train)
+    assert all(r["async/token_staleness_max"] <= r["async/staleness_max"] for r in train)
+    assert sum(r["async/partial_rows"] for r in train) > 0, [r["async/partial_rows"] for r in train]
