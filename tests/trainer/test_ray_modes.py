@@ -54,7 +54,7 @@ def test_async_continue_on_split_ray_pushes_into_the_generate_call_in_flight(tas
     extra = [
         "async_training.partial_rollout=continue",
         "async_training.max_staleness=1",
-        "rollout.max_response_tokens=48",
+        "rollout.max_response_tokens=96",  # generation longer than an update: pushes land mid-batch
         "rollout.ignore_eos=true",
         "rollout.trajectories_per_generate_batch=2",
         "trainer.total_steps=6",  # the pushes after steps 1, 3, 5 hold nothing (2, 4, 6 validate)
