@@ -1,6 +1,7 @@
 """The process pool: concurrent scoring, per-sample timeouts that kill, exits, crashes, errors and
 output counted per data source; the pool keeps working after each."""
 
+import re
 import time
 
 import pytest
@@ -28,7 +29,8 @@ def test_a_hang_a_crash_and_an_error_cost_one_sample_each(pool):
     assert result.sample_failures == [None, "timeout", "ValueError", "process_exit", None, None]
     # the timeout says where the scorer was stuck: its worker dumped its stacks before the kill
     (timeout,) = [e for e in result.failure_examples if ": timeout:" in e]
-    assert 'pool_scorers.py", line 14 in misbehaving' in timeout, timeout
+    # the `while True: pass` of pool_scorers.py: the dump lands on either of its two lines
+    assert re.search(r'pool_scorers\.py", line 1[34] in misbehaving', timeout), timeout
     assert result.extra["truth"][5] == "t"  # an async scorer's dict, extras kept
     assert pool.restarts >= 2
     again = pool.score_batch(["d", "d"], ["x", "y"], ["x", "z"])  # the pool still works
