@@ -7,6 +7,7 @@ Config stops here (STYLE.md principle 4): everything below the trainer receives 
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,13 @@ from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer.actor_loss import ActorLoss
 from stratarl.trainer.critic_loss import ValueLoss
 from stratarl.transport.data_proto import DataProto
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's, numpy's and torch's global generators (a run's first act)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def load_tokenizer(cfg: RunConfig) -> Any:

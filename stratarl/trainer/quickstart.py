@@ -24,7 +24,7 @@ from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.trainer import builders, preflight
-from stratarl.trainer.rl_trainer import RLTrainer, seed_everything
+from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.validation import evaluate_accuracy, overall_accuracy
 
@@ -76,7 +76,7 @@ def run_quickstart(
     """Everything above; returns the summary (also written to run_dir/summary.json)."""
     task = task or TaskSettings()
     run_dir, console, start = Path(run_dir), Console(), time.perf_counter()
-    seed_everything(seed)
+    builders.seed_everything(seed)
     torch.set_num_threads(task.threads)
     console.rule("[bold]stratarl quickstart[/bold]: data and tiny model")
     paths, model_dir = build_task(run_dir, task, seed)

@@ -13,7 +13,6 @@ when a deadline passed.
 
 from __future__ import annotations
 
-import random
 import time
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -21,8 +20,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 
@@ -55,18 +52,12 @@ from stratarl.trainer.tracing import StepTracer, step_diagnostics
 from stratarl.trainer.validation import record_validation, run_validation
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 class RLTrainer:
     """GRPO-family training of one policy, in one process (the in-process cluster backend)."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None):
         validate_config(cfg)
-        seed_everything(cfg.trainer.seed)
+        builders.seed_everything(cfg.trainer.seed)
         self.cfg = cfg
         lock = RunLock(run_dir).acquire()  # a second writer is refused before anything loads
         try:

@@ -31,7 +31,7 @@ from stratarl.trainer.agent_rollout import build_agent_rollout
 from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation
 from stratarl.trainer.quickstart import tiny_model_for
-from stratarl.trainer.rl_trainer import RLTrainer, seed_everything
+from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.validation import overall_accuracy
 
@@ -151,7 +151,7 @@ def run_tool_quickstart(
     """Everything above; returns the summary (also written to run_dir/summary.json)."""
     task = task or ToolTaskSettings()
     run_dir, console, start = Path(run_dir), Console(), time.perf_counter()
-    seed_everything(seed)
+    builders.seed_everything(seed)
     console.rule("[bold]stratarl quickstart --task tool[/bold]: data, tools.yaml and tiny model")
     paths, model_dir = build_tool_task(run_dir, task, seed)
     base = [
