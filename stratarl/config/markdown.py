@@ -41,7 +41,10 @@ in the `stratarl/algo/` registries (estimators, policy losses, aggregations, KL 
 controllers) with the valid names; batch sizes that do not divide; values out of range; an
 estimator that needs a critic with `critic.enable=false`; a group estimator (grpo, rloo, ...) with
 `rollout.n` < 2 — an **error**, because a group of one has no baseline; missing data files and
-model directories. Runnable but doubtful settings come back as warnings.
+model directories. Runnable but doubtful settings come back as warnings, which `stratarl train`
+prints (`warning: ...`) before anything loads — among them `async_training.*` keys changed from
+their defaults that `trainer.mode` does not read (sync reads none of them, one_step_off only
+`correction`).
 
 **Every setting here does what it says.** `tests/config/test_every_key_is_read.py` checks that
 each key below is read by some module outside `stratarl/config/`, and that each listed choice is

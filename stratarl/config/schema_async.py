@@ -8,7 +8,7 @@ into a bounded buffer; the trainer takes batches at most `async_training.max_sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from stratarl.config.errors import ConfigProblem
@@ -109,6 +109,26 @@ def async_problems(cfg: Any) -> list[ConfigProblem]:
             )
         )
     return problems
+
+
+# The async_training keys each trainer.mode reads (trainer/training_modes.py); the others are unread.
+READ_BY_MODE = {"sync": (), "one_step_off": ("correction",)}
+
+
+def async_warnings(cfg: Any) -> list[str]:
+    """async_training keys changed from their defaults that trainer.mode does not read."""
+    read = READ_BY_MODE.get(cfg.trainer.mode)
+    if read is None:  # async reads them all
+        return []
+    unread = [
+        f"async_training.{f.name}={getattr(cfg.async_training, f.name)!r}"
+        for f in fields(AsyncTrainingConfig)
+        if f.name not in read and getattr(cfg.async_training, f.name) != f.default
+    ]
+    if not unread:
+        return []
+    return [f"{', '.join(unread)} {'has' if len(unread) == 1 else 'have'} no effect with "
+            f"trainer.mode={cfg.trainer.mode} (read only by trainer.mode=async)"]
 
 
 def _partial_rollout_problems(cfg: Any) -> list[ConfigProblem]:

@@ -18,7 +18,7 @@ from stratarl.config.errors import ConfigError, ConfigProblem
 from stratarl.config.model_dirs import model_dir_problems, tokenizer_dir_problems
 from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems
-from stratarl.config.schema_async import async_problems
+from stratarl.config.schema_async import async_problems, async_warnings
 from stratarl.config.schema_data import reward_problems
 from stratarl.config.schema_observe import observe_problems
 from stratarl.config.schema_run import RunConfig
@@ -349,7 +349,7 @@ def config_warnings(cfg: RunConfig) -> list[str]:
     """Settings that run but are probably unintended, one sentence each naming the keys."""
     from stratarl.algo.policy_loss import POLICY_LOSSES
 
-    warnings = []
+    warnings = async_warnings(cfg)
     if cfg.uses_critic and "values" not in _estimator_inputs(cfg):
         warnings.append(
             f"critic.enable: a critic is trained but {cfg.algorithm.adv_estimator!r} ignores values"

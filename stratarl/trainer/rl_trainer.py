@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, TimeElapsedColumn
 
 from stratarl.cluster.run_checkpoint import RunCheckpoint
@@ -56,17 +57,19 @@ class RLTrainer:
     """GRPO-family training of one policy, in one process (the in-process cluster backend)."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None):
-        validate_config(cfg)
+        warnings = validate_config(cfg)
         builders.seed_everything(cfg.trainer.seed)
         self.cfg = cfg
         lock = RunLock(run_dir).acquire()  # a second writer is refused before anything loads
         try:
-            self._set_up(cfg, lock, console or Console())
+            self._set_up(cfg, lock, console or Console(), warnings)
         except BaseException:
             lock.release()
             raise
 
-    def _set_up(self, cfg: RunConfig, lock: RunLock, console: Console) -> None:
+    def _set_up(self, cfg: RunConfig, lock: RunLock, console: Console, warnings: list[str]) -> None:
+        for warning in warnings:  # settings that run but are probably unintended (validation.py)
+            console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         self.compute_score = preflight.reward_function(cfg)  # its file and name, before any data loads
         self.tokenizer = builders.load_tokenizer(cfg)
         d = cfg.data

@@ -190,6 +190,23 @@ def test_doubtful_settings_come_back_as_warnings(paths):
     assert any("data.val_files" in w for w in validate_config(load_config(None, no_val)))
 
 
+def test_async_keys_a_mode_does_not_read_are_warned_about_by_name():
+    """sync reads no async_training key, one_step_off only `correction`; async reads them all."""
+
+    def warnings(*overrides):
+        return validate_config(load_config(None, list(overrides)), check_paths=False)
+
+    (sync,) = [w for w in warnings("async_training.deterministic=true") if "async_training" in w]
+    assert sync.startswith("async_training.deterministic=True has no effect with trainer.mode=sync")
+    off = warnings("trainer.mode=one_step_off", "async_training.correction=none", "async_training.max_staleness=4")
+    (one_step_off,) = [w for w in off if "async_training" in w]
+    assert "async_training.max_staleness=4 has no effect" in one_step_off
+    assert "correction" not in one_step_off  # the off-policy correction is read by one_step_off
+    full = warnings("trainer.mode=async", "async_training.max_staleness=4", "async_training.buffer_batches=3")
+    assert not [w for w in full if "async_training" in w]
+    assert not [w for w in warnings() if "async_training" in w]  # defaults: nothing to say
+
+
 def test_agent_settings_are_checked_with_the_rest_before_any_worker_starts(tmp_path):
     missing = tmp_path / "no_tools.yaml"
     err = _errors(

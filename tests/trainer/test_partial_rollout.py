@@ -91,6 +91,7 @@ def test_continue_lands_pushes_mid_generation_and_records_each_tokens_version(ta
     assert checked > 0
 
 
+@pytest.mark.slow  # ~26 s; async resume with a saved buffer runs by default in test_training_modes.py
 def test_continue_resumes_from_its_checkpoint_with_the_buffer_it_saved(task, tmp_path):
     """A checkpoint still holds the producer (the batch in flight finishes): the saved batches, whose
     rows may span versions, are trained first by the resumed run, with the versions they recorded."""

@@ -112,9 +112,11 @@ def test_raising_reward_function_scores_zero_counts_and_goes_on(task, tmp_path):
 
 def test_records_carry_ground_truth_and_scorer_extras_and_cut_responses_are_warned(task, tmp_path):
     """Was: validation records had no prompt or ground truth, trajectory records no ground truth or
-    `acc`, and responses cut at rollout.max_response_tokens went unnoticed in validation."""
+    `acc`, and responses cut at rollout.max_response_tokens went unnoticed in validation. Was also:
+    validation's warnings about the settings were computed and never shown."""
     out = io.StringIO()
-    cfg = small_config(task, "trainer.total_steps=1", "rollout.max_response_tokens=4")
+    unread = "async_training.buffer_batches=3"  # trainer.mode=sync reads no async_training key
+    cfg = small_config(task, "trainer.total_steps=1", "rollout.max_response_tokens=4", unread)
     RLTrainer(cfg, tmp_path / "run", console=Console(file=out, width=200)).fit()
     trajectory = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()[0])
     row = read_rows(task["train"])[trajectory["source_row"]]
@@ -135,4 +137,7 @@ def test_records_carry_ground_truth_and_scorer_extras_and_cut_responses_are_warn
     assert (
         f"warning: {ratio:.0%} of the validation responses stopped at rollout.max_response_tokens=4"
         in out.getvalue()
+    )
+    assert (
+        "warning: async_training.buffer_batches=3 has no effect with trainer.mode=sync" in out.getvalue()
     )
