@@ -83,6 +83,7 @@ class _HeadScores(torch.autograd.Function):
             if with_entropy:
                 entropy[lo:hi] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
         ctx.save_for_backward(hidden, weight, bias, labels)
+        ctx.set_materialize_grads(False)  # an unused output (entropy outside the loss) gets None, no work
         ctx.settings = (temperature, chunk_size, with_entropy, transform)
         return log_prob, entropy
 
@@ -99,9 +100,12 @@ class _HeadScores(torch.autograd.Function):
             hi = lo + chunk_size
             z = _logits(hidden[lo:hi], weight, bias, temperature, transform)
             p = torch.softmax(z, dim=-1)
-            g_lp = grad_log_prob[lo:hi, None]  # [c, 1]
-            grad_z = -p * g_lp
-            grad_z.scatter_add_(-1, labels[lo:hi, None], g_lp)
+            if grad_log_prob is None:
+                grad_z = torch.zeros_like(p)
+            else:
+                g_lp = grad_log_prob[lo:hi, None]  # [c, 1]
+                grad_z = -p * g_lp
+                grad_z.scatter_add_(-1, labels[lo:hi, None], g_lp)
             if with_entropy and grad_entropy is not None:
                 expected_z = (p * z).sum(dim=-1, keepdim=True)  # E_p[z]
                 grad_z += p * (expected_z - z) * grad_entropy[lo:hi, None]

@@ -74,9 +74,12 @@ def varlen_sdpa_attention(
     window = kwargs.get("sliding_window")
     sdpa = dict(dropout_p=dropout if module.training else 0.0, scale=scaling)
     sdpa["enable_gqa"] = query.shape[1] != key.shape[1]
+    # One split per tensor, not a slice per row: the backward of a slice writes its gradient into a
+    # zeroed tensor of the full [1, h, L, e] (rows × L work); the split's backward is one concatenation.
+    sizes = [hi - lo for lo, hi in itertools.pairwise(row_bounds(query, kwargs))]
     outputs = [
-        _row_attention(query[:, :, lo:hi], key[:, :, lo:hi], value[:, :, lo:hi], window, **sdpa)
-        for lo, hi in itertools.pairwise(row_bounds(query, kwargs))
+        _row_attention(q, k, v, window, **sdpa)
+        for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True)
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
