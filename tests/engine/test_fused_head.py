@@ -48,6 +48,22 @@ def test_chunked_equals_naive_in_value_and_gradient(chunk_size, with_entropy):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("in_loss", ["log_prob", "entropy"])
+def test_an_output_left_out_of_the_loss_gets_no_backward_and_the_other_is_exact(in_loss):
+    """The entropy is computed for a metric but outside the loss (the default, entropy_coeff 0), or the
+    other way round: the unused output's gradient is None in the backward, not a tensor of zeros."""
+    hidden, weight, bias, labels = inputs()
+    grads = {}
+    for fn, kwargs in ((head_scores, {"chunk_size": 3}), (head_scores_naive, {})):
+        log_prob, entropy = fn(hidden, weight, bias, labels, temperature=0.7, with_entropy=True, **kwargs)
+        used = log_prob if in_loss == "log_prob" else entropy
+        weights = torch.linspace(-1.0, 2.0, K, dtype=used.dtype)
+        grads[fn] = torch.autograd.grad((used * weights).sum(), [hidden, weight, bias])
+    for a, b in zip(grads[head_scores], grads[head_scores_naive], strict=True):
+        assert a.abs().max() > 1e-3  # a real gradient, not the zeros of a dropped term
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "transform", [LogitTransform(softcap=1.5), LogitTransform(scale=0.25), LogitTransform(2.0, 3.0)]
 )
