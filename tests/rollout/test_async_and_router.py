@@ -98,3 +98,30 @@ def test_router_syncs_every_replica_and_reports_one_version(make_engine):
         assert replica.generate(greedy)[0].response_ids == expected
     with pytest.raises(ValueError, match="distinct replica ids"):
         RolloutRouter([router.replicas[0], router.replicas[0]])
+
+
+def test_one_share_runs_in_the_calling_thread_and_the_others_run_concurrently(make_engine):
+    """A single in-process replica generates in the caller's thread (OpenMP throttles every team once a
+    second thread runs torch kernels: docs/benchmarks.md); with several, all shares are in flight at once."""
+    import threading
+
+    router = make_router(make_engine)
+    requests = [seeded(10 * i + k, PROMPTS[i]) for i in range(3) for k in range(2)]
+    started = threading.Barrier(3, timeout=30)  # each share waits until all three have started
+    threads = {}
+
+    def work(replica, part):
+        threads[replica.replica_id] = threading.get_ident()
+        started.wait()
+        return [r.request_id for r in part]
+
+    shares = router.run_shares(requests, work)
+    assert [ids for _, ids in shares] == [["r0", "r1"], ["r10", "r11"], ["r20", "r21"]]
+    assert threads[2] == threading.get_ident() and len(set(threads.values())) == 3
+    assert router.in_flight == [0, 0, 0]
+
+    alone = RolloutRouter([router.replicas[0]])
+    caller = []
+    alone.run_shares(requests[:2], lambda replica, part: caller.append(threading.get_ident()))
+    assert caller == [threading.get_ident()]
+    assert alone.run_shares([], work) == []
