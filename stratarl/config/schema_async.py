@@ -111,7 +111,10 @@ def async_problems(cfg: Any) -> list[ConfigProblem]:
     return problems
 
 
-# The async_training keys each trainer.mode reads (trainer/training_modes.py); the others are unread.
+# The async_training keys each trainer.mode reads (trainer/training_modes.py, trainer/on_policy.py);
+# async reads them all. partial_rollout reaches the rollout engine's spec in every mode, but outside
+# async validation refuses any value but its default, so no warning is owed for it.
+# tests/trainer/test_mode_reads.py runs every read site under each mode and compares.
 READ_BY_MODE = {"sync": (), "one_step_off": ("correction",)}
 
 
