@@ -95,6 +95,20 @@ def step_floor_flops(model_dir: str, prompt_lens: list[int], response_tokens: in
 
 
 # --- one side, in a child process -----------------------------------------------------------------
+def trl_arithmetic_reward():
+    """TRL's reward function for the arithmetic task: stratarl's rule reward on each conversational
+    completion's text, against the dataset's `ground_truth` column (TRL passes columns by name)."""
+    from stratarl.reward.arithmetic import compute_score
+
+    def reward(completions, ground_truth, **_):
+        texts = [c[0]["content"] for c in completions]
+        return [
+            compute_score("arithmetic", t, gt)["score"] for t, gt in zip(texts, ground_truth, strict=True)
+        ]
+
+    return reward
+
+
 def run_trl(paths: dict[str, str], B: int, T: int, steps: int, out: Path) -> dict:
     import torch
     from datasets import Dataset
@@ -102,20 +116,12 @@ def run_trl(paths: dict[str, str], B: int, T: int, steps: int, out: Path) -> dic
     from trl import GRPOConfig, GRPOTrainer
 
     from stratarl.data.schema import read_rows
-    from stratarl.reward.arithmetic import compute_score
 
     rows = read_rows(paths["train"])
     dataset = Dataset.from_list(
         [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows]
     )
-
-    def reward(completions, ground_truth, **_):
-        texts = [c[0]["content"] for c in completions]
-        return [
-            compute_score("arithmetic", text, gt)["score"]
-            for text, gt in zip(texts, ground_truth, strict=True)
-        ]
-
+    reward = trl_arithmetic_reward()
     args = GRPOConfig(
         output_dir=str(out.parent / "trl-out"), per_device_train_batch_size=B * N,
         gradient_accumulation_steps=1, num_generations=N, max_completion_length=T,

@@ -84,20 +84,16 @@ def run_trl(run_dir: Path, seed: int) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+    from vs_trl import trl_arithmetic_reward
 
     from stratarl.data.schema import read_rows
-    from stratarl.reward.arithmetic import compute_score
 
     sft = run_dir / "sft" / "final"
     rows = read_rows(run_dir / "data" / "train.parquet")
     dataset = Dataset.from_list(
         [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows]
     )
-
-    def reward(completions, ground_truth, **_):
-        texts = [c[0]["content"] for c in completions]
-        return [compute_score("arithmetic", t, gt)["score"] for t, gt in zip(texts, ground_truth, strict=True)]
-
+    reward = trl_arithmetic_reward()
     args = GRPOConfig(
         output_dir=str(run_dir / "trl-out"), per_device_train_batch_size=64, gradient_accumulation_steps=4,
         num_generations=N, max_completion_length=T, temperature=1.0, top_p=1.0, top_k=0,

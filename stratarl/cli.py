@@ -62,13 +62,20 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sft(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
     from stratarl.config import load_config, validate_config
+    from stratarl.config.sft_scope import sft_warnings
     from stratarl.trainer.run_directory import default_run_dir
     from stratarl.trainer.sft import sft_from_config
 
     cfg = load_config(args.recipe, args.overrides)
-    validate_config(cfg)
-    sft_from_config(cfg, default_run_dir(cfg, suffix="-sft"))
+    validate_config(cfg)  # its warnings are the RL run's; SFT prints those about what it reads
+    console = Console()
+    for warning in sft_warnings(cfg, args.overrides):
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+    sft_from_config(cfg, default_run_dir(cfg, suffix="-sft"), console=console)
     return 0
 
 

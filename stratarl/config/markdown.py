@@ -44,7 +44,12 @@ estimator that needs a critic with `critic.enable=false`; a group estimator (grp
 model directories. Runnable but doubtful settings come back as warnings, which `stratarl train`
 prints (`warning: ...`) before anything loads — among them `async_training.*` keys changed from
 their defaults that `trainer.mode` does not read (sync reads none of them, one_step_off only
-`correction`).
+`correction`). `stratarl sft` prints only the warnings about keys it reads (`SFT_READS` in
+`stratarl/config/sft_scope.py`: `sft.*`, the model and `actor.fsdp`, the data, the rollout engine
+and `rollout.val_kwargs`, the scorer, the run directory), and two of its own: an empty
+`data.val_files` (no held-out accuracy before and after), and keys given on its command line that
+it does not read (`actor.lr=...` where `sft.lr` was meant). RL settings in a recipe shared with
+`stratarl train` are not warned about.
 
 **Every setting here does what it says.** `tests/config/test_every_key_is_read.py` checks that
 each key below is read by some module outside `stratarl/config/`, and that each listed choice is

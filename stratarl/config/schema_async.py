@@ -111,24 +111,32 @@ def async_problems(cfg: Any) -> list[ConfigProblem]:
     return problems
 
 
-# The async_training keys each trainer.mode reads (trainer/training_modes.py); the others are unread.
+# The async_training keys each trainer.mode reads (trainer/training_modes.py, trainer/on_policy.py);
+# async reads them all. partial_rollout reaches the rollout engine's spec in every mode, but outside
+# async validation refuses any value but its default, so no warning is owed for it.
+# tests/trainer/test_mode_reads.py runs every read site under each mode and compares.
 READ_BY_MODE = {"sync": (), "one_step_off": ("correction",)}
 
 
-def async_warnings(cfg: Any) -> list[str]:
-    """async_training keys changed from their defaults that trainer.mode does not read."""
+def async_warnings(cfg: Any) -> list[ConfigProblem]:
+    """async_training keys changed from their defaults that trainer.mode does not read (one warning
+    naming them all, as a ConfigProblem: its keys and its sentence)."""
     read = READ_BY_MODE.get(cfg.trainer.mode)
     if read is None:  # async reads them all
         return []
     unread = [
-        f"async_training.{f.name}={getattr(cfg.async_training, f.name)!r}"
+        f.name
         for f in fields(AsyncTrainingConfig)
         if f.name not in read and getattr(cfg.async_training, f.name) != f.default
     ]
     if not unread:
         return []
-    return [f"{', '.join(unread)} {'has' if len(unread) == 1 else 'have'} no effect with "
-            f"trainer.mode={cfg.trainer.mode} (read only by trainer.mode=async)"]
+    values = ", ".join(f"async_training.{name}={getattr(cfg.async_training, name)!r}" for name in unread)
+    message = (
+        f"{values} {'has' if len(unread) == 1 else 'have'} no effect with trainer.mode={cfg.trainer.mode} "
+        "(read only by trainer.mode=async)"
+    )
+    return [ConfigProblem(tuple(f"async_training.{name}" for name in unread), message)]
 
 
 def _partial_rollout_problems(cfg: Any) -> list[ConfigProblem]:

@@ -347,37 +347,53 @@ def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
 
 def config_warnings(cfg: RunConfig) -> list[str]:
     """Settings that run but are probably unintended, one sentence each naming the keys."""
+    return [warning.message for warning in keyed_warnings(cfg)]
+
+
+def keyed_warnings(cfg: RunConfig) -> list[ConfigProblem]:
+    """`config_warnings` with the keys each one concerns, so that a command reading only some keys
+    prints only the warnings about those (`sft_scope.sft_warnings`)."""
     from stratarl.algo.policy_loss import POLICY_LOSSES
 
-    warnings = async_warnings(cfg)
-    if cfg.uses_critic and "values" not in _estimator_inputs(cfg):
-        warnings.append(
-            f"critic.enable: a critic is trained but {cfg.algorithm.adv_estimator!r} ignores values"
-        )
-    if cfg.actor.use_kl_loss and cfg.algorithm.use_kl_in_reward:
-        warnings.append(
-            "actor.use_kl_loss and algorithm.use_kl_in_reward are both on: the KL is penalized twice"
-        )
-    if cfg.rollout.val_kwargs.greedy and cfg.rollout.val_kwargs.n > 1:
-        warnings.append("rollout.val_kwargs.n > 1 with greedy decoding gives identical samples")
-    if cfg.rollout.temperature == 0 and "group" in _estimator_inputs(cfg):
-        warnings.append(
-            "rollout.temperature=0: the n samples of a prompt are identical and group advantages 0"
-        )
-    validates = cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train
-    if validates and not cfg.data.val_files:
-        warnings.append(
-            "trainer.test_freq / trainer.val_before_train ask for validation, but data.val_files is empty"
-        )
-    if cfg.reward.in_process:
-        warnings.append(
+    inputs, val, loss = _estimator_inputs(cfg), cfg.rollout.val_kwargs, cfg.actor.policy_loss
+    forced = POLICY_LOSSES[loss.name].forced_aggregation
+    checks = [  # (fires, keys, message)
+        (
+            cfg.uses_critic and "values" not in inputs,
+            ("critic.enable", "algorithm.adv_estimator"),
+            f"critic.enable: a critic is trained but {cfg.algorithm.adv_estimator!r} ignores values",
+        ),
+        (
+            cfg.actor.use_kl_loss and cfg.algorithm.use_kl_in_reward,
+            ("actor.use_kl_loss", "algorithm.use_kl_in_reward"),
+            "actor.use_kl_loss and algorithm.use_kl_in_reward are both on: the KL is penalized twice",
+        ),
+        (
+            val.greedy and val.n > 1,
+            ("rollout.val_kwargs.n", "rollout.val_kwargs.greedy"),
+            "rollout.val_kwargs.n > 1 with greedy decoding gives identical samples",
+        ),
+        (
+            cfg.rollout.temperature == 0 and "group" in inputs,
+            ("rollout.temperature", "algorithm.adv_estimator"),
+            "rollout.temperature=0: the n samples of a prompt are identical and group advantages 0",
+        ),
+        (
+            (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train) and not cfg.data.val_files,
+            ("trainer.test_freq", "trainer.val_before_train", "data.val_files"),
+            "trainer.test_freq / trainer.val_before_train ask for validation, but data.val_files is empty",
+        ),
+        (
+            cfg.reward.in_process,
+            ("reward.in_process",),
             "reward.in_process=true: scorers run in the trainer's process without a deadline; one that "
-            "hangs, exits or crashes stops the run"
-        )
-    forced = POLICY_LOSSES[cfg.actor.policy_loss.name].forced_aggregation
-    if forced and forced != cfg.actor.loss_agg_mode:
-        warnings.append(
-            f"actor.loss_agg_mode={cfg.actor.loss_agg_mode!r} is ignored: policy loss "
-            f"{cfg.actor.policy_loss.name!r} always aggregates with {forced!r} (as in verl)"
-        )
-    return warnings
+            "hangs, exits or crashes stops the run",
+        ),
+        (
+            bool(forced) and forced != cfg.actor.loss_agg_mode,
+            ("actor.loss_agg_mode", "actor.policy_loss.name"),
+            f"actor.loss_agg_mode={cfg.actor.loss_agg_mode!r} is ignored: policy loss {loss.name!r} "
+            f"always aggregates with {forced!r} (as in verl)",
+        ),
+    ]
+    return [*async_warnings(cfg), *(ConfigProblem(keys, message) for fires, keys, message in checks if fires)]

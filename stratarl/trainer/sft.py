@@ -8,7 +8,6 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ from rich.console import Console
 
 from stratarl.algo.aggregation import aggregate_loss
 from stratarl.cluster.handles import PolicyHandle
-from stratarl.cluster.specs import ActorSpec, BatchingSpec, OptimizerSettings
+from stratarl.cluster.specs import ActorSpec, BatchingSpec, OptimizerSettings, PolicySpec
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
@@ -85,7 +84,8 @@ def sft_examples(
 
 def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorkerGroup:
     """The policy of the RL run (model, device, precision, rollout engine) with the sft.* optimizer
-    and micro-batching: no reference and no LoRA; log-probs at temperature 1 (the NLL)."""
+    and micro-batching: no reference and no LoRA; log-probs at temperature 1 (the NLL). Built from
+    those parts alone, so SFT reads no actor.* setting but actor.fsdp (`SFT_READS`)."""
     s = cfg.sft
     optimizer = OptimizerSettings(
         lr=s.lr,
@@ -96,11 +96,14 @@ def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker
         total_steps=total_steps,
         min_lr_ratio=s.min_lr_ratio,
     )
-    spec = dataclasses.replace(
-        builders.policy_spec(cfg, tokenizer, total_steps=total_steps),
+    fsdp = cfg.actor.fsdp
+    spec = PolicySpec(
+        model=builders.model_spec(cfg, cfg.model.path),
+        eos_token_ids=tuple(builders.eos_token_ids(tokenizer)),
+        pad_token_id=tokenizer.pad_token_id,
         actor=ActorSpec(optimizer, BatchingSpec(s.trajectories_per_micro_batch), temperature=1.0),
-        reference=None,
-        lora=None,
+        rollout=builders.rollout_engine_spec(cfg),
+        precision=builders.precision_spec(fsdp, offload_optimizer=fsdp.optimizer_offload),
     )
     return PolicyWorkerGroup.in_process(spec, threads=cfg.cluster.threads_per_worker)
 

@@ -101,3 +101,46 @@ def test_run_sft_stops_at_an_example_longer_than_max_tokens(task, tmp_path):
             max_tokens=5,
         )
     assert worker.weight_version == 0  # no step trained, nothing synced
+
+
+def sft_output(task, monkeypatch, capsys, recipe, *overrides) -> str:
+    """What `stratarl sft` prints before it trains (the training itself left out)."""
+    from stratarl import cli
+    from stratarl.trainer import sft
+
+    monkeypatch.setattr(sft, "sft_from_config", lambda cfg, run_dir, console: {})
+    paths = [f"data.train_files=['{task['train']}']", f"model.path={task['model']}"]
+    assert cli.main(["sft", str(recipe), *paths, *overrides]) == 0
+    return capsys.readouterr().out
+
+
+def test_sft_prints_the_warnings_about_what_it_reads(task, monkeypatch, capsys):
+    no_val = "data.val_files=[]"
+    out = sft_output(task, monkeypatch, capsys, RECIPE, no_val, "rollout.val_kwargs.n=2", "actor.lr=1e-3")
+    assert "warning: rollout.val_kwargs.n > 1 with greedy decoding gives identical samples" in out
+    assert "warning: data.val_files is empty: stratarl sft measures no held-out accuracy" in out
+    assert "warning: actor.lr is given on the command line but not read by stratarl sft" in out
+    assert out.count("warning:") == 3
+
+
+def test_sft_leaves_out_the_warnings_about_rl_settings_it_does_not_read(task, tmp_path, monkeypatch, capsys):
+    """A recipe shared with the RL run may set what only that run reads; its warnings are the RL
+    run's (`stratarl train` prints them), not SFT's."""
+    from stratarl.config import load_config, validate_config
+
+    recipe = tmp_path / "rl.yaml"
+    recipe.write_text(
+        f"extends: {RECIPE}\n"
+        "actor: {use_kl_loss: true}\n"
+        "algorithm: {use_kl_in_reward: true}\n"
+        "trainer: {test_freq: 5}\n"
+        "async_training: {deterministic: true}\n"
+    )
+    val = f"data.val_files=['{task['test']}']"
+    paths = [f"data.train_files=['{task['train']}']", f"model.path={task['model']}"]
+    rl_warnings = validate_config(load_config(recipe, [*paths, "data.val_files=[]"]))
+    assert any("penalized twice" in w for w in rl_warnings)
+    assert any("async_training.deterministic=True has no effect" in w for w in rl_warnings)
+    assert any("trainer.test_freq" in w for w in rl_warnings)
+    assert "warning" not in sft_output(task, monkeypatch, capsys, recipe, val)
+    assert "warning" not in sft_output(task, monkeypatch, capsys, RECIPE, val, "sft.lr=1e-3")
