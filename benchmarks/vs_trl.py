@@ -180,7 +180,8 @@ def run_trl(paths: dict[str, str], B: int, T: int, steps: int, out: Path) -> dic
 def run_stratarl(paths: dict[str, str], B: int, T: int, steps: int, out: Path, side: str) -> dict:
     """side: stratarl (defaults: π_old from the update's forward), stratarl-recompute (a separate
     old-log-prob forward, as before that removal), stratarl-bypass (π_old = π_rollout), stratarl-gc
-    (the defaults with gradient checkpointing on, as TRL's GRPOConfig has it by default)."""
+    (the defaults with gradient checkpointing on, as TRL's GRPOConfig has it by default),
+    stratarl-system-malloc (the defaults with cluster.host_allocator=system: glibc's own settings)."""
     from stratarl.config import load_config
     from stratarl.observe.run_log import read_metrics
     from stratarl.trainer.rl_trainer import RLTrainer
@@ -200,6 +201,7 @@ def run_stratarl(paths: dict[str, str], B: int, T: int, steps: int, out: Path, s
         *(["algorithm.rollout_correction.bypass_mode=true"] if side == "stratarl-bypass" else []),
         *(["actor.old_log_prob_from_update=false"] if side == "stratarl-recompute" else []),
         *(["model.gradient_checkpointing=true"] if side == "stratarl-gc" else []),
+        *(["cluster.host_allocator=system"] if side == "stratarl-system-malloc" else []),
     ]  # fmt: skip
     run_dir = out.parent / f"stratarl-run-{os.getpid()}"
     RLTrainer(load_config(None, overrides), run_dir).fit()
@@ -229,7 +231,7 @@ def child(args: argparse.Namespace) -> None:
     model, B, T = ROWS[args.row]
     paths = prepare(Path(args.workdir), model, args.real_model)
     out = Path(args.out)
-    if args.side == "trl":
+    if args.side.startswith("trl"):
         result = run_trl(paths, B, T, args.steps, out)
     else:
         result = run_stratarl(paths, B, T, args.steps, out, args.side)
@@ -244,6 +246,8 @@ def run_child(side: str, row: str, args: argparse.Namespace, workdir: Path) -> d
     command += ["--workdir", str(workdir), "--out", str(out)]
     command += ["--real-model", args.real_model] if args.real_model else []
     env = os.environ | {"OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
+    if side == "trl-keep-malloc":  # what cluster.host_allocator=keep sets, given to TRL's process
+        env |= {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL if not args.verbose else None)
     return json.loads(out.read_text())
 
@@ -271,7 +275,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1m-8,10m-1,10m-8,50m-1,50m-8,10m-8-long")
     parser.add_argument(
-        "--sides", default="trl,stratarl,stratarl-recompute", help="also: stratarl-bypass, stratarl-gc"
+        "--sides",
+        default="trl,stratarl,stratarl-recompute",
+        help="also: stratarl-bypass, stratarl-gc, stratarl-system-malloc (cluster.host_allocator=system), "
+        "trl-keep-malloc (TRL with the malloc settings of host_allocator=keep)",
     )
     parser.add_argument("--steps", type=int, default=5, help="steps per run, warm-up included")
     parser.add_argument("--warmup", type=int, default=2)

@@ -20,6 +20,7 @@ from stratarl.cluster.policy_worker import data_parallel
 from stratarl.cluster.specs import CriticSpec
 from stratarl.engine.checkpoint import CheckpointManager
 from stratarl.engine.critic import Critic, load_value_model
+from stratarl.engine.host_memory import use_host_allocator
 from stratarl.engine.lora import strip_prefix
 from stratarl.engine.training import LossFn
 from stratarl.transport.data_proto import DataProto
@@ -33,6 +34,7 @@ class CriticWorker:
 
     def __init__(self, spec: CriticSpec, *, distributed: bool = False):
         self.spec = spec
+        use_host_allocator(spec.model.host_allocator)
         dp = data_parallel(spec.precision, distributed=distributed)
         # A fresh head is drawn from init_seed without touching the global RNG: data-parallel ranks
         # must draw the same head (seed 0 when none is given), since FSDP2 keeps rank r's slice of

@@ -34,6 +34,7 @@ from stratarl.engine.actor import Actor, LossFn, Reference
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.hf_models import load_causal_lm
+from stratarl.engine.host_memory import use_host_allocator
 from stratarl.engine.lora import apply_lora, base_state, is_lora, strip_prefix
 from stratarl.engine.perf import GIB
 from stratarl.rollout.factory import build_rollout_engine
@@ -75,6 +76,7 @@ class PolicyWorker:
 
     def __init__(self, spec: PolicySpec, *, distributed: bool = False, with_rollout: bool = True):
         self.spec = spec
+        use_host_allocator(spec.model.host_allocator)  # before the first activations are allocated
         dp = data_parallel(spec.precision, distributed=distributed)
         model = load_causal_lm(spec.model)
         # Copies are taken before LoRA and sharding: peft injects adapters in place, and fully_shard

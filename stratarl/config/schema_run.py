@@ -123,6 +123,13 @@ class ClusterConfig:
         "torch intra-op threads of each worker process (in-process: of this process); null: torch's "
         "default in-process, the worker's CPU share on Ray",
     )
+    host_allocator: str = setting(
+        "keep",
+        "freed host memory in the processes that train: keep (glibc keeps every freed block for reuse, "
+        "so CPU activations above 32 MiB stop page-faulting on each pass; resident memory stays at its "
+        "peak) or system (glibc's defaults); stratarl/engine/host_memory.py",
+        choices=("keep", "system"),
+    )
     address: str | None = setting(
         None,
         "Ray cluster to join (backend=ray), e.g. 10.0.0.1:6379; null: start a private local cluster",

@@ -34,7 +34,7 @@ SFT_READS = frozenset().union(
     _keys("rollout.val_kwargs", "n greedy temperature top_p top_k"),
     _keys("reward", "custom_function_path custom_function_name function_kwargs"),
     _keys("trainer", "seed logger project_name experiment_name output_root run_dir overwrite resume_mode"),
-    _keys("cluster", "backend device threads_per_worker"),
+    _keys("cluster", "backend device threads_per_worker host_allocator"),
     # the device under cluster.backend=ray (SFT itself runs in this process)
     _keys("cluster", "gpus_per_training_worker"),
     # the rollout engine's spec; SFT pushes no weights while a batch is generated

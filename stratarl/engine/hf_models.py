@@ -15,6 +15,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from stratarl.engine.data_parallel import DTYPES
+from stratarl.engine.host_memory import HOST_ALLOCATORS
 
 DEVICES = ("cpu", "cuda")
 
@@ -27,6 +28,8 @@ class ModelSpec:
     trust_remote_code: let transformers (and vLLM) run model code found in the directory.
     device: where models and the batches they read are placed ("cpu" or "cuda", already resolved).
     gradient_checkpointing: recompute activations in a trained model's backward.
+    host_allocator: what the process that trains the model does with freed host memory
+        (`host_memory.HOST_ALLOCATORS`: keep for reuse, or the system allocator's defaults).
     """
 
     path: str
@@ -34,8 +37,12 @@ class ModelSpec:
     trust_remote_code: bool = False
     device: str = "cpu"
     gradient_checkpointing: bool = False
+    host_allocator: str = "keep"
 
     def __post_init__(self) -> None:
+        if self.host_allocator not in HOST_ALLOCATORS:
+            valid = list(HOST_ALLOCATORS)
+            raise ValueError(f"unknown host_allocator {self.host_allocator!r}; valid: {valid}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; valid: {sorted(DTYPES)}")
         if self.device not in DEVICES:

@@ -116,6 +116,7 @@ def model_spec(cfg: RunConfig, path: str) -> ModelSpec:
         trust_remote_code=m.trust_remote_code,
         device=resolve_device(cfg),
         gradient_checkpointing=m.gradient_checkpointing,
+        host_allocator=cfg.cluster.host_allocator,
     )
 
 
