@@ -15,7 +15,9 @@ repeats) so that machine load hits both alike. Reported per row: median seconds 
 warm-up steps, generated tokens per second, per-phase medians, peak RSS, the stratarl/TRL ratio,
 and the **floor**: the step's minimum FLOPs — generation (prefill + one-token decode steps with a KV
 cache) and the update (forward + backward over prompt + response) — divided by the fp32 matmul peak
-measured in the same run; each side's step is printed as a multiple of it.
+measured in the same run; each side's step is printed as a multiple of it. Beside it, the floor
+counting memory traffic (`decode_roofline_s`): each decode step takes at least the time to read every
+weight and each row's K and V at the read bandwidth measured in the same run.
 
     OMP_NUM_THREADS=2 python benchmarks/vs_trl.py --rows 10m-8,50m-8 --json out.json
     python benchmarks/vs_trl.py --rows smollm2-2 --real-model models/smollm2-135m-instruct
@@ -92,6 +94,50 @@ def step_floor_flops(model_dir: str, prompt_lens: list[int], response_tokens: in
         gen += flops.attention_coeff * sum(P + t for t in range(1, T))
     update = flops.train_flops([P + T for P in prompt_lens], scored_tokens=len(prompt_lens) * T)
     return {"gen": gen, "update": update, "total": gen + update}
+
+
+def decode_roofline_s(
+    model_dir: str, prompt_lens: list[int], response_tokens: int, peak_flops: float, read_bandwidth: float
+) -> dict[str, float]:
+    """Generation's floor counting memory traffic too: the prefill at the FLOP peak, then each decode
+    step of all rows at once takes max(FLOPs / peak, bytes read / bandwidth), where a step reads every
+    weight once (the batch shares them) and each row's K and V over its P + t columns, fp32:
+
+        bytes_t = 4·(N_block·L + d·V) + Σ_rows 4·2·L·h_kv·e·(P + t)
+    """
+    from transformers import AutoConfig
+
+    from stratarl.engine.perf import ModelFlops
+
+    config = AutoConfig.from_pretrained(model_dir)
+    flops = ModelFlops.from_config(config)
+    h_q = config.num_attention_heads
+    h_kv = getattr(config, "num_key_value_heads", None) or h_q
+    e = getattr(config, "head_dim", None) or config.hidden_size // h_q
+    kv_bytes_per_column = 4 * 2 * config.num_hidden_layers * h_kv * e
+    weight_bytes = 4 * (flops.block_params + flops.head_params)
+    prefill = sum(flops.forward_flops([P], scored_tokens=1) for P in prompt_lens) / peak_flops
+    decode = 0.0
+    for t in range(1, response_tokens):
+        step_flops = sum(2.0 * (flops.block_params + flops.head_params) + flops.attention_coeff * (P + t)
+                         for P in prompt_lens)  # fmt: skip
+        step_bytes = weight_bytes + kv_bytes_per_column * sum(P + t for P in prompt_lens)
+        decode += max(step_flops / peak_flops, step_bytes / read_bandwidth)
+    return {"gen": prefill + decode, "prefill": prefill, "decode": decode}
+
+
+def measured_read_bandwidth() -> float:
+    """Best bytes/s of summing a 512 MiB fp32 tensor (a read stream, as decode reads weights and KV)."""
+    import torch
+
+    x = torch.ones(128 * 1024 * 1024)
+    best = float("inf")
+    for rep in range(5):
+        start = time.perf_counter()
+        x.sum()
+        if rep:  # the first pass warms up
+            best = min(best, time.perf_counter() - start)
+    return x.numel() * x.element_size() / best
 
 
 # --- one side, in a child process -----------------------------------------------------------------
@@ -303,9 +349,14 @@ def main() -> None:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="vs-trl-"))
     sides = args.sides.split(",")
     peak = max(measured_matmul_peak(torch.float32), measured_matmul_peak(torch.float32, n=2049))
+    bandwidth = measured_read_bandwidth()
     results = {"knobs": KNOBS, "versions": versions(), "matmul_peak_flops": peak, "rows": {}}
+    results["read_bandwidth_bytes_per_s"] = bandwidth
     print(f"knobs: {KNOBS}\nversions: {results['versions']}")
-    print(f"fp32 matmul peak ({THREADS} threads): {peak / 1e9:.1f} GFLOP/s\n")
+    print(
+        f"fp32 matmul peak ({THREADS} threads): {peak / 1e9:.1f} GFLOP/s; "
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s\n"
+    )
     for row in args.rows.split(","):
         model, B, T = ROWS[row]
         paths = prepare(workdir, model, args.real_model)
@@ -317,9 +368,11 @@ def main() -> None:
         prompt_lens = prompt_lengths(paths, B)
         floor = step_floor_flops(paths["model"], prompt_lens, T)
         floor_s = floor["total"] / peak
+        roofline = decode_roofline_s(paths["model"], prompt_lens, T, peak, bandwidth)
+        roofline["total"] = roofline["gen"] + floor["update"] / peak
         results["rows"][row] = {"model": model, "B": B, "T": T, "floor_s": floor_s, "floor_flops": floor}
-        results["rows"][row] |= {"sides": summary}
-        print_row(row, summary, floor_s, {k: v / peak for k, v in floor.items()})
+        results["rows"][row] |= {"roofline_floor_s": roofline, "sides": summary}
+        print_row(row, summary, floor_s, {k: v / peak for k, v in floor.items()}, roofline)
         if args.json:  # after every row: a long run that is stopped keeps what it measured
             Path(args.json).write_text(json.dumps(results, indent=2))
     if args.json:
@@ -358,16 +411,22 @@ def prompt_lengths(paths: dict[str, str], B: int) -> list[int]:
     return [len(dataset[i].prompt_ids) for i in range(B) for _ in range(N)]
 
 
-def print_row(row: str, summary: dict, floor_s: float, floor_parts: dict[str, float]) -> None:
+def print_row(
+    row: str, summary: dict, floor_s: float, floor_parts: dict[str, float], roofline: dict[str, float]
+) -> None:
     trl = summary.get("trl", {}).get("s_per_step")
     gen, update = floor_parts["gen"], floor_parts["update"]
-    print(f"== {row}: floor {floor_s:.3f} s/step (gen {gen:.3f}, update {update:.3f})")
+    print(
+        f"== {row}: floor {floor_s:.3f} s/step (gen {gen:.3f}, update {update:.3f}); counting memory "
+        f"traffic {roofline['total']:.3f} (gen {roofline['gen']:.3f})"
+    )
     for side, s in summary.items():
         ratio = f"{s['s_per_step'] / trl:.2f}× TRL" if trl else ""
         phases = " ".join(f"{k} {v:.3f}" for k, v in s["phases_s"].items())
-        floors = s["s_per_step"] / floor_s
+        floors, roof = s["s_per_step"] / floor_s, s["s_per_step"] / roofline["total"]
         print(
-            f"  {side:16s} {s['s_per_step']:.3f} s/step  {ratio:>10s}  {floors:.2f}× floor  "
+            f"  {side:16s} {s['s_per_step']:.3f} s/step  {ratio:>10s}  {floors:.2f}× floor ({roof:.2f}× with "
+            "memory)  "
             f"{s['tokens_per_s']:.0f} tok/s  rss {s['peak_rss_gb']:.2f} GB  "
             f"len {s['response_length_mean']:.1f}  "
             f"reward {s['reward_mean']:.3f} (last {s['reward_last']:.3f})  [{phases}]"
