@@ -69,19 +69,51 @@ def _logits(
     return transform.apply(F.linear(hidden.to(weight.dtype), weight, bias).float()) / temperature
 
 
+def _logits_into(
+    out: Tensor,
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    temperature: float,
+    transform: LogitTransform,
+) -> Tensor:
+    """`_logits` written into `out` [c, V] fp32, a buffer reused by every chunk: a fresh [c, V] tensor per
+    chunk and per elementwise step costs more than the arithmetic once c·V·4 bytes pass the allocator's
+    cache (glibc maps blocks over 32 MiB anew, so each one is page-faulted in: 48 MiB at V = 49k)."""
+    h = hidden.to(weight.dtype)
+    if weight.dtype != torch.float32:
+        out.copy_(F.linear(h, weight, bias))  # the head's own dtype, then fp32
+    elif bias is None:
+        torch.mm(h, weight.T, out=out)
+    else:
+        torch.addmm(bias, h, weight.T, out=out)
+    if transform.scale != 1.0:
+        out.mul_(transform.scale)
+    if transform.softcap is not None:
+        out.div_(transform.softcap).tanh_().mul_(transform.softcap)
+    return out.div_(temperature) if temperature != 1.0 else out
+
+
 class _HeadScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy, transform):
-        num = hidden.shape[0]
+        num, rows = hidden.shape[0], min(chunk_size, hidden.shape[0])
         log_prob = hidden.new_empty(num, dtype=torch.float32)
         entropy = hidden.new_empty(num if with_entropy else 0, dtype=torch.float32)
+        z_buf = hidden.new_empty(rows, weight.shape[0], dtype=torch.float32)  # [c, V], every chunk
+        e_buf = torch.empty_like(z_buf)
         for lo in range(0, num, chunk_size):
-            hi = lo + chunk_size
-            z = _logits(hidden[lo:hi], weight, bias, temperature, transform)  # [c, V]
-            lse = torch.logsumexp(z, dim=-1)
-            log_prob[lo:hi] = z.gather(-1, labels[lo:hi, None]).squeeze(-1) - lse
+            hi = min(lo + chunk_size, num)
+            z = _logits_into(z_buf[: hi - lo], hidden[lo:hi], weight, bias, temperature, transform)
+            # shifted by m = max z, e = exp(z − m), S = Σ e:  log π(y) = (z_y − m) − log S,
+            # H = log S − E_π[z − m] = log S − Σ e·(z − m) / S
+            shifted = z.sub_(z.amax(dim=-1, keepdim=True))
+            e = torch.exp(shifted, out=e_buf[: hi - lo])
+            total = e.sum(dim=-1)
+            log_total = total.log()
+            log_prob[lo:hi] = shifted.gather(-1, labels[lo:hi, None]).squeeze(-1) - log_total
             if with_entropy:
-                entropy[lo:hi] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+                entropy[lo:hi] = log_total - e.mul_(shifted).sum(dim=-1) / total
         ctx.save_for_backward(hidden, weight, bias, labels)
         ctx.set_materialize_grads(False)  # an unused output (entropy outside the loss) gets None, no work
         ctx.settings = (temperature, chunk_size, with_entropy, transform)
@@ -93,29 +125,39 @@ class _HeadScores(torch.autograd.Function):
         hidden, weight, bias, labels = ctx.saved_tensors
         temperature, chunk_size, with_entropy, transform = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        with_entropy = with_entropy and grad_entropy is not None
+        num, rows = hidden.shape[0], min(chunk_size, hidden.shape[0])
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_w = None  # fp32 [V, d]: the first chunk's product, then accumulated in place
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
-        for lo in range(0, hidden.shape[0], chunk_size):
-            hi = lo + chunk_size
-            z = _logits(hidden[lo:hi], weight, bias, temperature, transform)
-            p = torch.softmax(z, dim=-1)
-            if grad_log_prob is None:
-                grad_z = torch.zeros_like(p)
-            else:
+        z_buf = hidden.new_empty(rows, weight.shape[0], dtype=torch.float32)  # [c, V], every chunk
+        p_buf = torch.empty_like(z_buf)
+        for lo in range(0, num, chunk_size):
+            hi = min(lo + chunk_size, num)
+            z = _logits_into(z_buf[: hi - lo], hidden[lo:hi], weight, bias, temperature, transform)
+            factor = transform.grad_factor(z, temperature)  # ∂z/∂r, read before z is overwritten
+            p = torch.softmax(z, dim=-1, out=p_buf[: hi - lo])
+            if with_entropy:  # z becomes p ⊙ (E_p[z] − z) · ∂L/∂H
+                expected_z = (p * z).sum(dim=-1, keepdim=True)
+                entropy_term = z.neg_().add_(expected_z).mul_(p).mul_(grad_entropy[lo:hi, None])
+            if grad_log_prob is None:  # only the entropy is in the loss
+                grad_z = entropy_term if with_entropy else p.zero_()
+            else:  # p becomes (onehot(y) − p) · ∂L/∂log π (+ the entropy term)
                 g_lp = grad_log_prob[lo:hi, None]  # [c, 1]
-                grad_z = -p * g_lp
-                grad_z.scatter_add_(-1, labels[lo:hi, None], g_lp)
-            if with_entropy and grad_entropy is not None:
-                expected_z = (p * z).sum(dim=-1, keepdim=True)  # E_p[z]
-                grad_z += p * (expected_z - z) * grad_entropy[lo:hi, None]
-            grad_z *= transform.grad_factor(z, temperature)  # now ∂/∂r, r = h Wᵀ + b
+                grad_z = p.mul_(-g_lp).scatter_add_(-1, labels[lo:hi, None], g_lp)
+                if with_entropy:
+                    grad_z += entropy_term
+            grad_z *= factor  # now ∂/∂r, r = h Wᵀ + b
             if need_h:
                 grad_h[lo:hi] = (grad_z.to(weight.dtype) @ weight).to(hidden.dtype)
-            if need_w:
+            if need_w and grad_w is None:
+                grad_w = grad_z.T @ hidden[lo:hi].float()
+            elif need_w:
                 grad_w.addmm_(grad_z.T, hidden[lo:hi].float())
             if need_b:
                 grad_b += grad_z.sum(dim=0)
+        if need_w and grad_w is None:  # no rows
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         grad_w = grad_w.to(weight.dtype) if need_w else None
         grad_b = grad_b.to(bias.dtype) if need_b else None
         return grad_h, grad_w, grad_b, None, None, None, None, None
