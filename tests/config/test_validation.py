@@ -198,7 +198,9 @@ def test_async_keys_a_mode_does_not_read_are_warned_about_by_name():
 
     (sync,) = [w for w in warnings("async_training.deterministic=true") if "async_training" in w]
     assert sync.startswith("async_training.deterministic=True has no effect with trainer.mode=sync")
-    off = warnings("trainer.mode=one_step_off", "async_training.correction=none", "async_training.max_staleness=4")
+    off = warnings(
+        "trainer.mode=one_step_off", "async_training.correction=none", "async_training.max_staleness=4"
+    )
     (one_step_off,) = [w for w in off if "async_training" in w]
     assert "async_training.max_staleness=4 has no effect" in one_step_off
     assert "correction" not in one_step_off  # the off-policy correction is read by one_step_off

@@ -138,6 +138,4 @@ def test_records_carry_ground_truth_and_scorer_extras_and_cut_responses_are_warn
         f"warning: {ratio:.0%} of the validation responses stopped at rollout.max_response_tokens=4"
         in out.getvalue()
     )
-    assert (
-        "warning: async_training.buffer_batches=3 has no effect with trainer.mode=sync" in out.getvalue()
-    )
+    assert "warning: async_training.buffer_batches=3 has no effect with trainer.mode=sync" in out.getvalue()
