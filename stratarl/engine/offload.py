@@ -4,7 +4,7 @@ A colocated worker runs generation and training on one device, one phase at a ti
 mode). While it generates, the optimizer's moments are idle (AdamW: two fp32 tensors per parameter,
 8 bytes a parameter, twice the bf16 rollout weights): `TrainingEngine.offload_optimizer` moves them
 to CPU memory after an update and `reload_optimizer` brings them back before the next one. The
-`step` counters stay where torch keeps them (CPU: on GPUs we build the non-fused AdamW). On a CPU device
+`step` counters stay where torch keeps them (CPU, for the non-fused AdamW we build). On a CPU device
 both are no-ops: nothing moves, 0 bytes.
 """
 
