@@ -51,6 +51,14 @@ class LogitTransform:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    def apply_(self, raw: Tensor) -> Tensor:
+        """`apply` in place on `raw` (a buffer the caller owns), returned."""
+        if self.scale != 1.0:
+            raw.mul_(self.scale)
+        if self.softcap is not None:
+            raw.div_(self.softcap).tanh_().mul_(self.softcap)
+        return raw
+
     def grad_factor(self, z: Tensor, temperature: float) -> Tensor | float:
         """∂z/∂r at the logits z = cap_c(s·r)/τ (one number without a cap)."""
         if self.softcap is None:
@@ -87,10 +95,7 @@ def _logits_into(
         torch.mm(h, weight.T, out=out)
     else:
         torch.addmm(bias, h, weight.T, out=out)
-    if transform.scale != 1.0:
-        out.mul_(transform.scale)
-    if transform.softcap is not None:
-        out.div_(transform.softcap).tanh_().mul_(transform.softcap)
+    transform.apply_(out)
     return out.div_(temperature) if temperature != 1.0 else out
 
 

@@ -16,12 +16,13 @@ op over such a tensor runs at a fraction of memory bandwidth.
 so a freed activation's pages are reused by the next pass. The process's resident memory then stays
 at its peak instead of shrinking between passes (the peak itself does not grow: the same blocks are
 reused). Measured on the 10M model, 64 rows × (≈ 27 prompt + 256 response) tokens, one update on 2
-threads (docs/benchmarks.md, "Host allocator"): minor page faults of a 3-step run 3.93 M → 1.68 M,
-the update 14.1 s → 9.1 s. Below 32 MiB per tensor the dynamic threshold already keeps blocks in the
-heap, and the 32-token rows of the same benchmark do not change.
+threads (docs/benchmarks.md, "Quiet machine, generation on the calling thread, host allocator"):
+minor page faults of a 3-step run 3.93 M → 1.68 M, the update 14.1 s → 9.1 s. Below 32 MiB per
+tensor the dynamic threshold already keeps blocks in the heap, and the 32-token rows of the same
+benchmark do not change.
 
-`system` leaves glibc's settings as the process has them. Other C libraries have no `mallopt`:
-`keep` then warns once and changes nothing.
+`system` leaves glibc's settings as the process has them. Other C libraries have no `mallopt`, and
+glibc may refuse a setting: `keep` then warns and changes nothing more.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 KEEP_TOP = 2**31 - 1  # the largest int mallopt takes: a free top below 2 GiB stays in the heap
 
-_applied: set[str] = set()
+_kept = [False]  # whether this process already applied `keep`
 
 
 def _glibc_mallopt():
@@ -58,18 +59,19 @@ def use_host_allocator(mode: str) -> bool:
         raise ValueError(f"unknown host allocator {mode!r}; valid: {', '.join(HOST_ALLOCATORS)}")
     if mode == "system":
         return False
-    if mode in _applied:
+    if _kept[0]:
         return True
     mallopt = _glibc_mallopt()
     if mallopt is None:
-        warnings.warn(
-            "cluster.host_allocator=keep needs glibc's mallopt, which this C library lacks: freed "
-            "host memory is managed by the system allocator as it is",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return False
-    ok = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEEP_TOP) == 1
-    if ok:
-        _applied.add(mode)
-    return ok
+        why = "needs glibc's mallopt, which this C library lacks"
+    elif mallopt(M_MMAP_MAX, 0) != 1 or mallopt(M_TRIM_THRESHOLD, KEEP_TOP) != 1:
+        why = "was refused by glibc's mallopt"
+    else:
+        _kept[0] = True
+        return True
+    warnings.warn(
+        f"cluster.host_allocator=keep {why}: freed host memory is managed by the system allocator as it is",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return False

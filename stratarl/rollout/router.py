@@ -130,8 +130,8 @@ class RolloutRouter:
         # in-process replica thus generates in the trainer's thread: a second thread that runs torch
         # kernels, even one waited on, makes OpenMP (GNU libgomp) count more threads than cores and
         # switch every team to short spins, after which each small decode kernel waits for a futex
-        # wake-up. Measured (docs/benchmarks.md, "Generation on the calling thread"): 10M, 64 rows × 32
-        # tokens, 0.70 s in the caller against 1.47 s on a pool thread.
+        # wake-up. Measured (docs/benchmarks.md, "Quiet machine, generation on the calling thread,
+        # host allocator"): 10M, 64 rows × 32 tokens, 0.70 s in the caller, 1.47 s on a pool thread.
         if not shares:
             return []
         *others, last = shares

@@ -85,3 +85,17 @@ def test_unknown_allocators_are_refused_and_both_layers_list_the_same_choices():
 
     (setting,) = [f for f in fields(ClusterConfig) if f.name == "host_allocator"]
     assert tuple(setting.metadata["choices"]) == HOST_ALLOCATORS
+
+
+@pytest.mark.parametrize(
+    "mallopt, why", [(None, "lacks"), (lambda param, value: 0, "refused")], ids=["not-glibc", "refused"]
+)
+def test_keep_that_cannot_be_applied_says_so(monkeypatch, mallopt, why):
+    """No silent fallback: a C library without mallopt, or a refused setting, is a warning and False."""
+    from stratarl.engine import host_memory
+
+    monkeypatch.setattr(host_memory, "_kept", [False])
+    monkeypatch.setattr(host_memory, "_glibc_mallopt", lambda: mallopt)
+    with pytest.warns(RuntimeWarning, match=f"cluster.host_allocator=keep .*{why}"):
+        assert use_host_allocator("keep") is False
+    assert host_memory._kept[0] is False
