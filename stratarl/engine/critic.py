@@ -77,7 +77,7 @@ class Critic(TrainingEngine):
         warmup_steps: int = 0,
         total_steps: int = 1,
         min_lr_ratio: float = 0.0,
-        adamw_impl: str = "loop",
+        adamw_impl: str = "auto",
         max_tokens_per_micro_batch: int | None = None,
         layout: str = "packed",
         data_parallel: DataParallel | None = None,

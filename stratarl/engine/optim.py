@@ -36,12 +36,13 @@ LR_SCHEDULES: dict[str, Callable[..., float]] = {
 }
 
 
-# name -> torch.optim.AdamW's kernel flags, the same update computed three ways. loop: one parameter
-# at a time (torch's CPU default, so the trajectories of every run before this setting; on CUDA torch
-# alone would pick foreach). foreach: multi-tensor ops, bit-identical to loop on CPU. fused: one kernel
+# name -> torch.optim.AdamW's kernel flags, the same update computed three ways. auto: torch chooses —
+# the per-parameter loop on CPU, foreach on CUDA (the kernel of every run before this setting). loop:
+# one parameter at a time. foreach: multi-tensor ops, bit-identical to loop on CPU. fused: one kernel
 # (HF Trainer's and TRL's default), rounded differently: ~1e-7 of the weights after 12 steps, enough to
 # move a seed of the quickstart, which is why it is not the default.
 ADAMW_IMPLS: dict[str, dict[str, bool]] = {
+    "auto": {},
     "loop": {"foreach": False, "fused": False},
     "foreach": {"foreach": True, "fused": False},
     "fused": {"foreach": False, "fused": True},
@@ -55,7 +56,7 @@ def build_optimizer(
     weight_decay: float = 0.01,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
-    adamw_impl: str = "loop",
+    adamw_impl: str = "auto",
 ) -> torch.optim.AdamW:
     """AdamW over the trainable parameters (those with requires_grad), computed by the kernel
     ADAMW_IMPLS[adamw_impl]."""

@@ -71,7 +71,7 @@ class OptimizerSettings:
     warmup_steps: int = 0
     total_steps: int = 1
     min_lr_ratio: float = 0.0
-    adamw_impl: str = "loop"  # optim.ADAMW_IMPLS: which kernel computes the AdamW step
+    adamw_impl: str = "auto"  # optim.ADAMW_IMPLS: which kernel computes the AdamW step
 
 
 class TrainingEngine:

@@ -19,7 +19,7 @@ def test_schema_defaults_are_the_engine_defaults():
     assert LOGIT_CHUNK_SIZE == fused_head.LOGIT_CHUNK_SIZE == cfg.actor.logit_chunk_size
     assert set(LAYOUTS) == set(packing.LAYOUTS)
     assert set(ADAMW_IMPLS) == set(optim.ADAMW_IMPLS)
-    assert cfg.actor.adamw_impl == cfg.critic.adamw_impl == OptimizerSettings(lr=1.0).adamw_impl == "loop"
+    assert cfg.actor.adamw_impl == cfg.critic.adamw_impl == OptimizerSettings(lr=1.0).adamw_impl == "auto"
     assert cfg.actor.lora.rank == 0 and cfg.actor.max_tokens_per_micro_batch is None  # off by default
     validate_config(cfg, check_paths=False)
 

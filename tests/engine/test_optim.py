@@ -34,8 +34,12 @@ def test_each_name_sets_torchs_kernel_flags(adamw_impl, foreach, fused):
     assert (optimizer.defaults["foreach"], optimizer.defaults["fused"]) == (foreach, fused)
 
 
-def test_the_default_is_the_per_parameter_loop():
-    assert build_optimizer(tiny_model().parameters(), lr=1e-3).defaults["foreach"] is False
+def test_the_default_leaves_torch_to_choose_which_is_the_loop_on_cpu():
+    optimizer = build_optimizer(tiny_model().parameters(), lr=1e-3)
+    assert (optimizer.defaults["foreach"], optimizer.defaults["fused"]) == (None, None)
+    _, auto = parameters_after_steps("auto")
+    _, loop = parameters_after_steps("loop")
+    assert all(torch.equal(a, b) for a, b in zip(auto, loop, strict=True))
 
 
 def test_loop_and_foreach_give_the_same_bits():

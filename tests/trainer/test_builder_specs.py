@@ -73,7 +73,7 @@ def test_the_adamw_kernels_of_the_config_reach_the_actor_and_the_critic(task):
     assert (actor.optimizer.defaults["fused"], actor.optimizer.defaults["foreach"]) == (True, False)
     assert (critic.optimizer.defaults["fused"], critic.optimizer.defaults["foreach"]) == (False, True)
     default = builders.policy_spec(small_config(task), tokenizer, total_steps=1)
-    assert PolicyWorker(default).actor.optimizer.defaults["foreach"] is False  # the per-parameter loop
+    assert PolicyWorker(default).actor.optimizer.defaults["foreach"] is None  # auto: torch chooses
 
 
 def test_threads_per_worker_sets_the_threads_of_this_process_in_process(task):
