@@ -50,7 +50,8 @@ ROWS = {  # name: (model: a tiny-model preset or "real", prompts per step B, res
 N, LR, CLIP, THREADS = 8, 1e-5, 0.2, 2
 KNOBS = (
     f"n={N}, T forced on both sides, temperature 1, one on-policy update per batch (1 mini-batch, "
-    f"1 epoch), token-mean, clip ε={CLIP}, β=0, AdamW lr={LR} wd=0, grad clip 1, fp32, "
+    f"1 epoch), token-mean, clip ε={CLIP}, β=0, AdamW lr={LR} wd=0 in torch's fused kernel on both sides "
+    f"(TRL's default optim; actor.adamw_impl=fused for stratarl), grad clip 1, fp32, "
     f"{THREADS} threads, one micro-batch; stratarl writes no trace and no trajectory records (TRL writes "
     f"neither); gradient checkpointing at each side's default: on for TRL (GRPOConfig's default), off "
     f"for stratarl (side stratarl-gc turns it on: the peak-RSS comparison at equal settings)"
@@ -239,6 +240,7 @@ def run_stratarl(paths: dict[str, str], B: int, T: int, steps: int, out: Path, s
         f"rollout.trajectories_per_generate_batch={B * N}",
         f"actor.prompts_per_mini_batch={B}", f"actor.trajectories_per_micro_batch={B * N}", f"actor.lr={LR}",
         "actor.weight_decay=0.0", "actor.warmup_steps=0", "actor.lr_schedule=constant", "actor.grad_clip=1.0",
+        "actor.adamw_impl=fused",  # TRL's default optimizer kernel (adamw_torch_fused)
         "actor.loss_agg_mode=token-mean", f"actor.policy_loss.clip_ratio_low={CLIP}",
         f"actor.policy_loss.clip_ratio_high={CLIP}", "algorithm.adv_estimator=grpo",
         f"trainer.total_steps={steps}",

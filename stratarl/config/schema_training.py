@@ -15,6 +15,14 @@ from stratarl.config.setting import section, setting
 ARF = "actor_rollout_ref"  # verl's prefix for the actor, rollout and reference groups
 LR_SCHEDULES = ("constant", "cosine")
 LAYOUTS = ("packed", "padded")  # stratarl.engine.packing.LAYOUTS
+ADAMW_IMPLS = ("auto", "loop", "foreach", "fused")  # stratarl.engine.optim.ADAMW_IMPLS
+ADAMW_IMPL_DOC = (
+    "torch kernel of the AdamW step — auto: torch chooses (loop on CPU, foreach on CUDA; the "
+    "trajectories of earlier runs); loop: one parameter at a time; foreach: multi-tensor ops, "
+    "bit-identical to loop on CPU; fused: one kernel (HF Trainer's and TRL's default), rounded "
+    "differently (~1e-7 of the weights after 12 steps). Per step at the 50m preset, 2 CPU threads: "
+    "loop 82 ms, foreach 95 ms, fused 29 ms"
+)
 LOGIT_CHUNK_SIZE = 256  # stratarl.engine.fused_head.LOGIT_CHUNK_SIZE (config does not import the engine)
 TOKEN_BUDGET_DOC = "token budget per micro-batch (prompt + response tokens, padding excluded); null: by rows"
 LAYOUT_DOC = "packed: rows back to back, no compute on padding; padded: the batch as it is"
@@ -223,6 +231,7 @@ class ActorConfig:
     lr: float = setting(1e-6, "peak learning rate of AdamW", verl=f"{ARF}.actor.optim.lr")
     weight_decay: float = setting(0.01, "AdamW weight decay", verl=f"{ARF}.actor.optim.weight_decay")
     betas: list[float] = setting([0.9, 0.999], "AdamW betas", verl=f"{ARF}.actor.optim.betas")
+    adamw_impl: str = setting("auto", ADAMW_IMPL_DOC, choices=ADAMW_IMPLS)
     warmup_steps: int = setting(
         0, "optimizer steps of linear LR warm-up from 0", verl=f"{ARF}.actor.optim.lr_warmup_steps"
     )
@@ -328,6 +337,7 @@ class CriticConfig:
     )
     lr: float = setting(1e-5, "peak learning rate of the critic's AdamW", verl="critic.optim.lr")
     weight_decay: float = setting(0.01, "AdamW weight decay", verl="critic.optim.weight_decay")
+    adamw_impl: str = setting("auto", ADAMW_IMPL_DOC, choices=ADAMW_IMPLS)
     warmup_steps: int = setting(
         0, "optimizer steps of linear LR warm-up", verl="critic.optim.lr_warmup_steps"
     )

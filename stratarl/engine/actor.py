@@ -116,7 +116,8 @@ class Actor(TrainingEngine):
     layout: "packed" (no compute on padding) or "padded". logit_chunk_size: rows of logits at a time
     (None: all at once). data_parallel: FSDP2 over a mesh, mixed precision, offload (one process by
     default). gradient_checkpointing: recompute block activations in the backward. peak_flops: the
-    MFU denominator (default `perf.default_peak_flops`).
+    MFU denominator (default `perf.default_peak_flops`). adamw_impl: the AdamW kernel
+    (`optim.ADAMW_IMPLS`; default auto: torch chooses, the per-parameter loop on CPU).
     """
 
     role = "actor"
@@ -135,6 +136,7 @@ class Actor(TrainingEngine):
         warmup_steps: int = 0,
         total_steps: int = 1,
         min_lr_ratio: float = 0.0,
+        adamw_impl: str = "auto",
         max_tokens_per_micro_batch: int | None = None,
         layout: str = "packed",
         logit_chunk_size: int | None = LOGIT_CHUNK_SIZE,
@@ -158,6 +160,7 @@ class Actor(TrainingEngine):
             warmup_steps=warmup_steps,
             total_steps=total_steps,
             min_lr_ratio=min_lr_ratio,
+            adamw_impl=adamw_impl,
         )
         super().__init__(
             dp.shard(scorer, block_class_names(lm)),

@@ -59,7 +59,8 @@ def load_value_model(
 
 
 class Critic(TrainingEngine):
-    """The value model under training: `compute_values` and `update(batch, loss_fn)`."""
+    """The value model under training: `compute_values` and `update(batch, loss_fn)`; its arguments
+    are the actor's (adamw_impl: the AdamW kernel, `optim.ADAMW_IMPLS`)."""
 
     role = "critic"
 
@@ -76,6 +77,7 @@ class Critic(TrainingEngine):
         warmup_steps: int = 0,
         total_steps: int = 1,
         min_lr_ratio: float = 0.0,
+        adamw_impl: str = "auto",
         max_tokens_per_micro_batch: int | None = None,
         layout: str = "packed",
         data_parallel: DataParallel | None = None,
@@ -96,6 +98,7 @@ class Critic(TrainingEngine):
             warmup_steps=warmup_steps,
             total_steps=total_steps,
             min_lr_ratio=min_lr_ratio,
+            adamw_impl=adamw_impl,
         )
         config = value_model.config
         batching = MicroBatching(

@@ -4,8 +4,9 @@ A colocated worker runs generation and training on one device, one phase at a ti
 mode). While it generates, the optimizer's moments are idle (AdamW: two fp32 tensors per parameter,
 8 bytes a parameter, twice the bf16 rollout weights): `TrainingEngine.offload_optimizer` moves them
 to CPU memory after an update and `reload_optimizer` brings them back before the next one. The
-`step` counters stay where torch keeps them (CPU, for the non-fused AdamW we build). On a CPU device
-both are no-ops: nothing moves, 0 bytes.
+`step` counters never move, for every kernel of `optim.ADAMW_IMPLS`: loop and foreach keep them on
+CPU, fused beside the parameter (its kernel reads them there), one 4-byte scalar per parameter
+tensor. On a CPU device both are no-ops: nothing moves, 0 bytes.
 """
 
 from __future__ import annotations

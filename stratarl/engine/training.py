@@ -71,6 +71,7 @@ class OptimizerSettings:
     warmup_steps: int = 0
     total_steps: int = 1
     min_lr_ratio: float = 0.0
+    adamw_impl: str = "auto"  # optim.ADAMW_IMPLS: which kernel computes the AdamW step
 
 
 class TrainingEngine:
@@ -94,7 +95,11 @@ class TrainingEngine:
         self.dp = dp
         self.grad_clip = optim.grad_clip
         self.optimizer = build_optimizer(
-            module.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas
+            module.parameters(),
+            lr=optim.lr,
+            weight_decay=optim.weight_decay,
+            betas=optim.betas,
+            adamw_impl=optim.adamw_impl,
         )
         self.lr_schedule = build_lr_schedule(
             self.optimizer,

@@ -159,6 +159,7 @@ def policy_spec(
         warmup_steps=actor.warmup_steps,
         total_steps=total_steps,
         min_lr_ratio=actor.min_lr_ratio,
+        adamw_impl=actor.adamw_impl,
     )
     batching = BatchingSpec(
         actor.trajectories_per_micro_batch, actor.max_tokens_per_micro_batch, actor.layout
@@ -341,6 +342,7 @@ def critic_spec(cfg: RunConfig, *, total_steps: int) -> CriticSpec:
         grad_clip=c.grad_clip,
         warmup_steps=c.warmup_steps,
         total_steps=total_steps,
+        adamw_impl=c.adamw_impl,
     )
     return CriticSpec(
         model=dataclasses.replace(

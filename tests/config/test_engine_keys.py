@@ -3,8 +3,9 @@
 import pytest
 
 from stratarl.config import ConfigError, load_config, validate_config
-from stratarl.config.schema_training import LAYOUTS, LOGIT_CHUNK_SIZE
-from stratarl.engine import fused_head, packing
+from stratarl.config.schema_training import ADAMW_IMPLS, LAYOUTS, LOGIT_CHUNK_SIZE
+from stratarl.engine import fused_head, optim, packing
+from stratarl.engine.training import OptimizerSettings
 
 
 def _problems(*overrides) -> dict[tuple[str, ...], str]:
@@ -17,6 +18,8 @@ def test_schema_defaults_are_the_engine_defaults():
     cfg = load_config(None, [])
     assert LOGIT_CHUNK_SIZE == fused_head.LOGIT_CHUNK_SIZE == cfg.actor.logit_chunk_size
     assert set(LAYOUTS) == set(packing.LAYOUTS)
+    assert set(ADAMW_IMPLS) == set(optim.ADAMW_IMPLS)
+    assert cfg.actor.adamw_impl == cfg.critic.adamw_impl == OptimizerSettings(lr=1.0).adamw_impl == "auto"
     assert cfg.actor.lora.rank == 0 and cfg.actor.max_tokens_per_micro_batch is None  # off by default
     validate_config(cfg, check_paths=False)
 
@@ -45,6 +48,8 @@ def test_verl_names_point_to_ours():
         ("actor.layout=unpadded", "actor.layout", "'packed'"),
         ("reference.layout=dense", "reference.layout", "'padded'"),
         ("critic.layout=x", "critic.layout", "'packed'"),
+        ("actor.adamw_impl=apex", "actor.adamw_impl", "'fused'"),
+        ("critic.adamw_impl=Fused", "critic.adamw_impl", "'fused'"),
         ("actor.max_tokens_per_micro_batch=0", "actor.max_tokens_per_micro_batch", "null or > 0"),
         ("actor.logit_chunk_size=-4", "actor.logit_chunk_size", "null or > 0"),
         ("reference.logit_chunk_size=0", "reference.logit_chunk_size", "null or > 0"),

@@ -1,28 +1,34 @@
 """The optimizer half of the colocated hand-off: per-parameter state moves to a device and back with
-the bytes counted, `step` stays where torch keeps it, and on a CPU actor offloading is a no-op."""
+the bytes counted, `step` stays where torch keeps it (each AdamW kernel), and on a CPU actor
+offloading is a no-op."""
 
+import pytest
 import torch
 
 from stratarl.engine.actor import Actor
 from stratarl.engine.offload import move_optimizer_state, optimizer_state_devices
+from stratarl.engine.optim import ADAMW_IMPLS, build_optimizer
 from tests.engine.tiny_batches import policy_gradient_loss, ragged_batch, tiny_model
 
 
-def stepped_optimizer() -> tuple[torch.nn.Linear, torch.optim.AdamW]:
+def stepped_optimizer(adamw_impl: str = "loop") -> tuple[torch.nn.Linear, torch.optim.AdamW]:
     layer = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.AdamW(layer.parameters(), lr=1e-2)
+    optimizer = build_optimizer(layer.parameters(), lr=1e-2, adamw_impl=adamw_impl)
     layer(torch.randn(2, 4)).sum().backward()
     optimizer.step()
     return layer, optimizer
 
 
-def test_state_moves_with_its_bytes_counted_and_step_stays():
-    _, optimizer = stepped_optimizer()
+@pytest.mark.parametrize("adamw_impl", ADAMW_IMPLS)
+def test_state_moves_with_its_bytes_counted_and_step_stays(adamw_impl):
+    _, optimizer = stepped_optimizer(adamw_impl)
+    steps = [state["step"] for state in optimizer.state.values()]
     # exp_avg and exp_avg_sq of a 3×4 weight and a 3-bias, fp32: 2·(12 + 3)·4 bytes
     assert move_optimizer_state(optimizer, "meta") == 2 * 15 * 4
     assert optimizer_state_devices(optimizer) == {torch.device("meta")}
-    steps = [state["step"] for state in optimizer.state.values()]
-    assert all(step.device.type == "cpu" for step in steps)  # torch keeps the non-fused step on CPU
+    # the very same counters, where torch put them (for fused: the parameter's device, here CPU)
+    assert all(state["step"] is step for state, step in zip(optimizer.state.values(), steps, strict=True))
+    assert all(step.device.type == "cpu" for step in steps)
     assert move_optimizer_state(optimizer, "meta") == 0  # already there
 
 

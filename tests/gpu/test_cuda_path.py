@@ -1,7 +1,8 @@
 """The CUDA path on one GPU: a bf16 GRPO run trains on cuda with the memory hand-off, rollout and training
 log-probs agree within bf16 rounding, FSDP2 computes in bf16 over fp32 shards (CPU offload too), the
-hand-off frees device memory, and a checkpoint saved on cuda loads on the CPU. Skipped without CUDA;
-`make test-gpu` and benchmarks/gpu_check.sh run them."""
+hand-off frees device memory (and trains as without it for each AdamW kernel, fused keeping its `step`
+on the GPU), and a checkpoint saved on cuda loads on the CPU. Skipped without CUDA; `make test-gpu` and
+benchmarks/gpu_check.sh run them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from stratarl.engine.actor import Actor
 from stratarl.engine.checkpoint import CheckpointManager
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.offload import optimizer_state_devices
+from stratarl.engine.optim import ADAMW_IMPLS
 from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer import builders
@@ -122,6 +124,25 @@ def test_the_hand_off_frees_device_memory(task):
     assert torch.cuda.memory_allocated() - with_state >= state_bytes
     assert worker.actor.offload_optimizer() >= state_bytes
     assert torch.cuda.memory_allocated() == with_state
+
+
+@pytest.mark.parametrize("adamw_impl", ADAMW_IMPLS)
+def test_the_optimizer_hand_off_trains_as_without_it_for_each_adamw_kernel(adamw_impl):
+    batch = ragged_batch(n=4)
+    plain, handed = (
+        Actor(tiny_model().cuda(), lr=1e-2, micro_batch_size=2, adamw_impl=adamw_impl) for _ in range(2)
+    )
+    for actor in (plain, handed):
+        actor.update(batch, policy_gradient_loss, mini_batch_size=4)
+    assert handed.offload_optimizer() > 0
+    assert optimizer_state_devices(handed.optimizer) == {torch.device("cpu")}
+    steps = {state["step"].device.type for state in handed.optimizer.state.values()}
+    assert steps == ({"cuda"} if adamw_impl == "fused" else {"cpu"})  # never moved
+    assert handed.reload_optimizer() > 0
+    for actor in (plain, handed):
+        actor.update(batch, policy_gradient_loss, mini_batch_size=4)
+    for p, q in zip(plain.module.parameters(), handed.module.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)  # only GPU reduction order may differ
 
 
 def test_a_checkpoint_saved_on_cuda_loads_on_the_cpu_equal(task, tmp_path):

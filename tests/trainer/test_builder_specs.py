@@ -1,6 +1,7 @@
 """The builders' specs carry settings to the workers that read them: the spec pickles unchanged;
-mixed precision, micro-batching, LoRA and the rollout engine reach the worker; threads_per_worker sets
-this process's threads; trust_remote_code is what lets a model directory's own code load."""
+mixed precision, micro-batching, LoRA, the rollout engine and the AdamW kernels reach the workers;
+threads_per_worker sets this process's threads; trust_remote_code is what lets a model directory's own
+code load."""
 
 import json
 import pickle
@@ -60,6 +61,19 @@ def test_the_spec_crosses_a_process_boundary_unchanged_and_builds_what_it_says(t
     mask = batch["response_mask"].bool()
     difference = (low[mask] - full[mask]).abs()
     assert 1e-4 < difference.max() < 0.2, difference.max()
+
+
+def test_the_adamw_kernels_of_the_config_reach_the_actor_and_the_critic(task):
+    cfg = small_config(
+        task, "actor.adamw_impl=fused", "algorithm.adv_estimator=gae", "critic.adamw_impl=foreach"
+    )
+    tokenizer = AutoTokenizer.from_pretrained(task["model"])
+    actor = builders.build_policy_worker(cfg, tokenizer, total_steps=1).local_worker().actor
+    critic = builders.build_critic_worker(cfg, total_steps=1).local_worker().critic
+    assert (actor.optimizer.defaults["fused"], actor.optimizer.defaults["foreach"]) == (True, False)
+    assert (critic.optimizer.defaults["fused"], critic.optimizer.defaults["foreach"]) == (False, True)
+    default = builders.policy_spec(small_config(task), tokenizer, total_steps=1)
+    assert PolicyWorker(default).actor.optimizer.defaults["foreach"] is None  # auto: torch chooses
 
 
 def test_threads_per_worker_sets_the_threads_of_this_process_in_process(task):
