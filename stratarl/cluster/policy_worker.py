@@ -80,7 +80,13 @@ class PolicyWorker:
         dp = data_parallel(spec.precision, distributed=distributed)
         model = load_causal_lm(spec.model)
         # Copies are taken before LoRA and sharding: peft injects adapters in place, and fully_shard
-        # turns the model's parameters into DTensors.
+        # turns the model's parameters into DTensors. A shared engine serves `model` itself, which
+        # neither may touch (config/rollout_weights.py; checked again here for specs built by hand).
+        if spec.rollout.share_weights and (distributed or spec.lora is not None or not with_rollout):
+            raise ValueError(
+                "rollout.share_weights needs a colocated engine in one process over the whole model "
+                f"(distributed={distributed}, lora={spec.lora is not None}, with_rollout={with_rollout})"
+            )
         self.rollout = (
             build_rollout_engine(
                 spec.rollout,
@@ -132,6 +138,8 @@ class PolicyWorker:
         collective with ranks: every rank joins the gather, rank 0 hands the weights to the others."""
         engine, dp = self._engine(), self.actor.dp
         version = engine.weight_version + 1 if version is None else version  # a resume sets it
+        if self.spec.rollout.share_weights:  # the engine serves the actor's model: nothing to copy
+            return engine.serve_shared_weights(self.actor.model, version)
         if not is_lora(self.actor.model):
             return engine.load_weights(dp.broadcast_object(self.actor.export_weights()), version)
         base = None if self._base_synced else lora_base_weights(self.actor)

@@ -100,6 +100,15 @@ class RolloutConfig:
         "its prefix cache is reset)",
         verl=f"{ARF}.rollout.free_cache_engine",
     )
+    weight_sharing: str = setting(
+        "auto",
+        "what the torch engine in the trainer's process serves: share (the actor's own model, no "
+        "second copy in memory; a weight sync is a version bump), copy (its own copy, loaded and "
+        "checked at every sync), auto (share where that is safe: cluster.backend=in-process, "
+        "rollout.backend=torch, trainer.mode=sync, no LoRA, rollout.dtype null or model.dtype; "
+        "else copy)",
+        choices=("auto", "share", "copy"),
+    )
     val_kwargs: ValidationSamplingConfig = section(ValidationSamplingConfig, "sampling for validation")
 
 

@@ -30,7 +30,10 @@ SFT_READS = frozenset().union(
     _keys("actor.fsdp", "param_dtype offload_params optimizer_offload reshard_after_forward"),
     _keys("data", "train_files val_files prompt_key data_source_key max_prompt_tokens filter_overlong"),
     _keys("data", "max_train_prompts max_val_prompts"),
-    _keys("rollout", "backend dtype free_cache_engine max_response_tokens trajectories_per_generate_batch"),
+    _keys(
+        "rollout",
+        "backend dtype free_cache_engine max_response_tokens trajectories_per_generate_batch weight_sharing",
+    ),
     _keys("rollout.val_kwargs", "n greedy temperature top_p top_k"),
     _keys("reward", "custom_function_path custom_function_name function_kwargs"),
     _keys("trainer", "seed logger project_name experiment_name output_root run_dir overwrite resume_mode"),

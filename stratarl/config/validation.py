@@ -16,6 +16,7 @@ from typing import Any
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
 from stratarl.config.model_dirs import model_dir_problems, tokenizer_dir_problems
+from stratarl.config.rollout_weights import weight_sharing_problems
 from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems
 from stratarl.config.schema_async import async_problems, async_warnings
@@ -110,6 +111,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *agent_problems(cfg.agent, adv_estimator=cfg.algorithm.adv_estimator, check_paths=check_paths),
         *observe_problems(cfg.trace, cfg.watchdog),
         *async_problems(cfg),
+        *weight_sharing_problems(cfg),
         *reward_problems(
             cfg.reward, max_response_tokens=cfg.rollout.max_response_tokens, backend=cfg.cluster.backend
         ),

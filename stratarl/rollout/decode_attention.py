@@ -13,7 +13,9 @@ function it replaces, unchanged.
 
 `decode_attention()` installs it, for the duration of a `with` block, as the function
 transformers' models look up under "sdpa" (`ALL_ATTENTION_FUNCTIONS`), so the model code, its mask
-building and its `config` stay as they are. Nested and concurrent blocks (several engines in
+building and its `config` stay as they are — and under the training engine's packed attention
+(`stratarl.engine.varlen_attention`), which an engine serving the actor's own model
+(`rollout.weight_sharing`) finds set on it. Nested and concurrent blocks (several engines in
 threads) share one installation, undone when the last block exits.
 """
 
@@ -27,11 +29,13 @@ import torch
 from torch import Tensor
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-NAME = "sdpa"
+from stratarl.engine.varlen_attention import NAME as PACKED_NAME
+
+NAMES = ("sdpa", PACKED_NAME)  # both run SDPA on a decode step's inputs (a query against a cache)
 _UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")  # terms SDPA alone does not add
 _lock = threading.Lock()
 _depth = 0
-_replaced: list[Callable | None] = [None]  # the local override that was there before (None: none)
+_replaced: dict[str, Callable | None] = {}  # per name, the local override that was there before
 
 
 def matmul_decode_attention(
@@ -96,8 +100,9 @@ def decode_attention() -> Iterator[None]:
     global _depth
     with _lock:
         if _depth == 0:
-            _replaced[0] = ALL_ATTENTION_FUNCTIONS._local_mapping.get(NAME)
-            ALL_ATTENTION_FUNCTIONS[NAME] = _make_attention(ALL_ATTENTION_FUNCTIONS[NAME])
+            for name in NAMES:
+                _replaced[name] = ALL_ATTENTION_FUNCTIONS._local_mapping.get(name)
+                ALL_ATTENTION_FUNCTIONS[name] = _make_attention(ALL_ATTENTION_FUNCTIONS[name])
         _depth += 1
     try:
         yield
@@ -105,7 +110,8 @@ def decode_attention() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                if _replaced[0] is None:
-                    del ALL_ATTENTION_FUNCTIONS[NAME]
-                else:
-                    ALL_ATTENTION_FUNCTIONS[NAME] = _replaced[0]
+                for name in NAMES:
+                    if _replaced[name] is None:
+                        del ALL_ATTENTION_FUNCTIONS[name]
+                    else:
+                        ALL_ATTENTION_FUNCTIONS[name] = _replaced[name]

@@ -36,6 +36,9 @@ class RolloutEngineSpec:
     free_cache_engine: a colocated worker releases the engine's KV cache when it starts a training
     phase on the same GPU (`release_memory`). partial_rollout: what a weight load does to the
     requests running (`torch_engine`: finish or continue; vLLM always finishes them).
+    share_weights: the torch engine serves `source_model` itself, not a copy, so the trainer's
+    in-place optimizer step is what it serves next (`rollout.weight_sharing`; config/rollout_weights.py
+    says when that is safe). The model then keeps its dtype, mode and requires_grad.
     """
 
     backend: str = "torch"
@@ -45,10 +48,13 @@ class RolloutEngineSpec:
     max_model_len: int = 2048
     free_cache_engine: bool = True
     partial_rollout: str = "finish"
+    share_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in ROLLOUT_BACKENDS:
             raise ValueError(f"unknown rollout backend {self.backend!r}; valid: {sorted(ROLLOUT_BACKENDS)}")
+        if self.share_weights and self.backend != "torch":
+            raise ValueError(f"share_weights is built for the torch backend, not {self.backend!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"unknown rollout dtype {self.dtype!r}; valid: {sorted(DTYPES)}")
 
@@ -63,11 +69,17 @@ def build_torch_engine(
     replica_id: int,
 ) -> RolloutEngine:
     """`TorchRolloutEngine` over its own copy of the weights (a generation never sees a half-updated
-    model, and may run in another dtype than training)."""
+    model, and may run in another dtype than training), or over `source_model` itself when
+    `spec.share_weights` (the caller guarantees no update overlaps a generation)."""
     from stratarl.rollout.torch_engine import TorchRolloutEngine
 
-    served = copy.deepcopy(source_model) if source_model is not None else load_causal_lm(model)
-    served = served.to(DTYPES[spec.dtype or model.dtype]).eval().requires_grad_(False)
+    if spec.share_weights:
+        if source_model is None:
+            raise ValueError("share_weights needs the source model to serve")
+        served = source_model
+    else:
+        served = copy.deepcopy(source_model) if source_model is not None else load_causal_lm(model)
+        served = served.to(DTYPES[spec.dtype or model.dtype]).eval().requires_grad_(False)
     return TorchRolloutEngine(
         served,
         eos_token_ids=list(eos_token_ids),

@@ -257,6 +257,33 @@ class TorchRolloutEngine(SteppedEngine):
         report = self.load_weights(merged, version, bucket_bytes=bucket_bytes, partial=True)
         return dataclasses.replace(report, num_bytes=update.num_bytes)
 
+    def serve_shared_weights(self, model: nn.Module, version: int) -> WeightLoadReport:
+        """The engine serves `model` itself (`rollout.weight_sharing`), whose parameters an optimizer
+        has just stepped in place: serve them as `version`. Nothing travels; what is checked is that
+        the module is still the one served and that no request saw the weights change (a generation
+        overlapping an update would mix two policies in one response). Cached prefixes are dropped:
+        their KV is the old weights'."""
+        if model is not self.model:
+            raise WeightSyncError(
+                f"serve_shared_weights got a {type(model).__name__} that is not the module this engine "
+                "serves: it was built with its own copy (share_weights=False), so load_weights is the sync"
+            )
+        with self._step_lock:
+            if self._core.rows or self._core.waiting:
+                raise WeightSyncError(
+                    f"{len(self._core.rows)} running and {len(self._core.waiting)} queued requests saw the "
+                    "shared weights change under them: with rollout.weight_sharing=share no generation may "
+                    "overlap an update"
+                )
+            if version <= self._core.version:
+                raise WeightSyncError(
+                    f"weight version must increase: serving {self._core.version}, asked to serve {version}"
+                )
+            self._core.version, self._broken = version, None
+            self._core.store.clear()
+        tensors = len(self.model.state_dict())
+        return WeightLoadReport(version, num_tensors=tensors, num_changed=0, checksum=0, shared=True)
+
     def check_weights(self, state_dict: Mapping[str, Tensor]) -> None:
         """Strict keys and shapes against the served model (`WeightSyncError` naming the misfits)."""
         check_state_dict_keys(self.model, state_dict)

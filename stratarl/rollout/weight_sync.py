@@ -28,13 +28,16 @@ class WeightSyncError(RuntimeError):
 class WeightLoadReport:
     """What one load did: the version now served, tensors sent, tensors whose values changed, a
     checksum of the values sent (equal to `parameter_checksum` of the sender's dict), and the bytes
-    that travelled (0 where a backend does not count them)."""
+    that travelled (0 where a backend does not count them). shared: the engine serves the trainer's
+    own module (`TorchRolloutEngine.serve_shared_weights`): nothing was sent or compared, so
+    num_changed, checksum and num_bytes are 0 and num_tensors counts the tensors served."""
 
     version: int
     num_tensors: int
     num_changed: int
     checksum: int
     num_bytes: int = 0
+    shared: bool = False
 
 
 def tensor_bytes(tensors: Mapping[str, Tensor]) -> int:

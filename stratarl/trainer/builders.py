@@ -32,6 +32,7 @@ from stratarl.cluster.specs import (
 )
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
+from stratarl.config.rollout_weights import sharing_blockers
 from stratarl.data import tokenizer_loading
 from stratarl.data.collate import collate_prompts
 from stratarl.data.prompt_dataset import PromptDataset, load_prompt_dataset
@@ -131,7 +132,16 @@ def precision_spec(fsdp: Any, *, offload_optimizer: bool = False) -> PrecisionSp
     )
 
 
-def rollout_engine_spec(cfg: RunConfig) -> RolloutEngineSpec:
+def shares_weights(cfg: RunConfig, *, sft: bool = False) -> bool:
+    """What rollout.weight_sharing resolves to: share, copy, or auto — share where it is safe
+    (config/rollout_weights.py; validation refuses share where it is not). sft: for `stratarl sft`."""
+    mode = cfg.rollout.weight_sharing
+    if mode in ("share", "copy"):
+        return mode == "share"
+    return not sharing_blockers(cfg, sft=sft)  # auto
+
+
+def rollout_engine_spec(cfg: RunConfig, *, share_weights: bool) -> RolloutEngineSpec:
     r = cfg.rollout
     return RolloutEngineSpec(
         backend=r.backend,
@@ -141,6 +151,7 @@ def rollout_engine_spec(cfg: RunConfig) -> RolloutEngineSpec:
         max_num_seqs=r.trajectories_per_generate_batch or None,  # 0: no bound of ours
         max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,  # P + T
         partial_rollout=cfg.async_training.partial_rollout,
+        share_weights=share_weights,
     )
 
 
@@ -173,7 +184,7 @@ def policy_spec(
         eos_token_ids=tuple(eos_token_ids(tokenizer)),
         pad_token_id=tokenizer.pad_token_id,
         actor=ActorSpec(optimizer, batching, actor.logit_chunk_size, temperature=cfg.rollout.temperature),
-        rollout=rollout_engine_spec(cfg),
+        rollout=rollout_engine_spec(cfg, share_weights=shares_weights(cfg)),
         reference=ReferenceSpec(
             reference_batching,
             reference.logit_chunk_size,

@@ -235,11 +235,12 @@ def update_critic(
 
 def sync_weights(worker: PolicyHandle, version: int | None = None) -> dict[str, float]:
     """Actor -> rollout engine as `version` (default: the served version + 1); the engine reports
-    what it loaded."""
+    what it loaded (`weights_shared` 1: it serves the actor's own model, nothing was copied)."""
     report = worker.sync_weights(version)
     return {
         "rollout/weight_version": float(report.version),
         "rollout/weight_sync_bytes": float(report.num_bytes),
+        "rollout/weights_shared": float(report.shared),
     }
 
 

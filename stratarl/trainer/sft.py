@@ -102,7 +102,7 @@ def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker
         eos_token_ids=tuple(builders.eos_token_ids(tokenizer)),
         pad_token_id=tokenizer.pad_token_id,
         actor=ActorSpec(optimizer, BatchingSpec(s.trajectories_per_micro_batch), temperature=1.0),
-        rollout=builders.rollout_engine_spec(cfg),
+        rollout=builders.rollout_engine_spec(cfg, share_weights=builders.shares_weights(cfg, sft=True)),
         precision=builders.precision_spec(fsdp, offload_optimizer=fsdp.optimizer_offload),
     )
     return PolicyWorkerGroup.in_process(spec, threads=cfg.cluster.threads_per_worker)

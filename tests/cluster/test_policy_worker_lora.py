@@ -111,6 +111,7 @@ def test_without_lora_the_reference_is_a_copy_with_its_own_engine_settings(task)
         "reference.layout=padded",
         "reference.logit_chunk_size=null",
         "model.gradient_checkpointing=true",
+        "rollout.weight_sharing=copy",  # the engine's own copy: the full weights travel
     )
     assert worker.reference.module is not worker.actor.module
     batching = worker.reference.batching
