@@ -228,7 +228,9 @@ def run_stratarl(paths: dict[str, str], B: int, T: int, steps: int, out: Path, s
     """side: stratarl (defaults: π_old from the update's forward), stratarl-recompute (a separate
     old-log-prob forward, as before that removal), stratarl-bypass (π_old = π_rollout), stratarl-gc
     (the defaults with gradient checkpointing on, as TRL's GRPOConfig has it by default),
-    stratarl-system-malloc (the defaults with cluster.host_allocator=system: glibc's own settings)."""
+    stratarl-system-malloc (the defaults with cluster.host_allocator=system: glibc's own settings),
+    stratarl-copy (the defaults with rollout.weight_sharing=copy: the engine's own copy of the weights,
+    loaded and checked at every sync, as before weight sharing)."""
     from stratarl.config import load_config
     from stratarl.observe.run_log import read_metrics
     from stratarl.trainer.rl_trainer import RLTrainer
@@ -250,6 +252,7 @@ def run_stratarl(paths: dict[str, str], B: int, T: int, steps: int, out: Path, s
         *(["actor.old_log_prob_from_update=false"] if side == "stratarl-recompute" else []),
         *(["model.gradient_checkpointing=true"] if side == "stratarl-gc" else []),
         *(["cluster.host_allocator=system"] if side == "stratarl-system-malloc" else []),
+        *(["rollout.weight_sharing=copy"] if side == "stratarl-copy" else []),
     ]  # fmt: skip
     run_dir = out.parent / f"stratarl-run-{os.getpid()}"
     RLTrainer(load_config(None, overrides), run_dir).fit()
@@ -326,7 +329,8 @@ def main() -> None:
         "--sides",
         default="trl,stratarl,stratarl-recompute",
         help="also: stratarl-bypass, stratarl-gc, stratarl-system-malloc (cluster.host_allocator=system), "
-        "trl-keep-malloc (TRL with the malloc settings of host_allocator=keep)",
+        "stratarl-copy (rollout.weight_sharing=copy), trl-keep-malloc (TRL with the malloc settings of "
+        "host_allocator=keep)",
     )
     parser.add_argument("--steps", type=int, default=5, help="steps per run, warm-up included")
     parser.add_argument("--warmup", type=int, default=2)
