@@ -14,7 +14,9 @@ generation has it. Both are no-ops on CPU, where one RAM serves both phases.
 
 Weight sync is the same in both: the actor's full weights are gathered on rank 0 and handed to every
 rank's engine; a LoRA actor sends its base weights and adapter the first time, then the adapter
-alone (verl's adapter-only sync after `base_sync_done`).
+alone (verl's adapter-only sync after `base_sync_done`). In one process the engine may instead serve
+the actor's model itself (`RolloutEngineSpec.share_weights`, from `rollout.weight_sharing`): a sync
+is then a version bump, `TorchRolloutEngine.serve_shared_weights`.
 """
 
 from __future__ import annotations

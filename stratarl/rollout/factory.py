@@ -7,7 +7,8 @@ replicas of the split plan. A new backend is one function in `ROLLOUT_BACKENDS` 
 the choices of `rollout.backend`, which a test keeps equal to this table).
 
 source_model: a model already loaded in this process (the policy's, before it is wrapped or
-sharded). The torch backend serves a copy of it; vLLM loads the directory itself.
+sharded). The torch backend serves a copy of it, or the model itself with `share_weights`; vLLM
+loads the directory itself.
 """
 
 from __future__ import annotations
