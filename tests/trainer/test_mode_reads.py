@@ -42,7 +42,7 @@ def _run_read_sites(cfg) -> None:
     """Each function of READ_SITES, the way the trainer calls it for `cfg`."""
     training_modes.correction_settings(cfg)
     on_policy.reuse_blockers(cfg, Qwen2Config())
-    builders.rollout_engine_spec(cfg)
+    builders.rollout_engine_spec(cfg, share_weights=builders.shares_weights(cfg))
     source = training_modes.build_batch_source(
         cfg, StubCollector(), StubWorker(), None, total_steps=2, version_of=lambda s: s - 1, first_step=1
     )
