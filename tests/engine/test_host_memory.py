@@ -45,9 +45,11 @@ def test_keep_reuses_freed_pages_where_the_system_allocator_faults_on_every_pass
                          "assert use_host_allocator('system') is False\n")  # fmt: skip
     keep = page_faults("from stratarl.engine.host_memory import use_host_allocator\n"
                        "assert use_host_allocator('keep') is True\n")  # fmt: skip
-    # 20 fresh 80 MB blocks are ~390k faults of 4 KiB pages; reused blocks fault not at all
+    # 20 fresh 80 MB blocks are ~400k faults of 4 KiB pages. Reused blocks fault not at all, except
+    # that glibc may grow its heap by one block once while the passes settle (one 80 MB block,
+    # 20,001 faults, on an AVX-512 Xeon; ~0 on an EPYC): far below a fault per block per pass
     assert system > 10 * 20_000
-    assert keep < system // 50
+    assert keep < system // 10
 
 
 @glibc
