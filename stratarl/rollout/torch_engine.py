@@ -134,6 +134,7 @@ class TorchRolloutEngine(SteppedEngine):
         self._load_waiting = False  # a partial_rollout=continue load waits for the step boundary
         self._broken: str | None = None  # why the served weights are not a whole version
         self._adapter_base: dict[str, Tensor] | None = None  # W₀ of the LoRA-adapted modules
+        self._restore_training = False  # the served module was in training mode before this work
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -188,13 +189,26 @@ class TorchRolloutEngine(SteppedEngine):
         return self._in_eval(self._core.step)
 
     def _in_eval(self, fn):
-        if not self.model.training:  # the usual case: `eval()` walks every module, 2 × per step
-            return fn()
-        self.model.eval()  # the module may be shared with a trainer in-process
+        """Run `fn` (a step) in eval mode. A module in training mode — the actor's, served under
+        `rollout.weight_sharing` — is switched once for a run of steps and back to training when the
+        engine has no work left (or a step raises), not twice per step: `eval()` walks every module,
+        1.5 ms a switch and back on SmolLM2-135M's 397."""
+        if self.model.training:
+            self.model.eval()
+            self._restore_training = True
         try:
-            return fn()
-        finally:
+            result = fn()
+        except BaseException:
+            self._leave_eval()
+            raise
+        if not (self._core.rows or self._core.waiting):
+            self._leave_eval()
+        return result
+
+    def _leave_eval(self) -> None:
+        if self._restore_training:
             self.model.train()
+            self._restore_training = False
 
     def _fail_all(self, error: BaseException) -> None:
         self._core.fail_all(error)

@@ -171,3 +171,26 @@ def test_generate_restores_the_models_train_mode(make_engine):
     model = build_tiny_qwen2(seed=0).train()
     make_engine(model).generate(requests(PROMPTS[:1], GREEDY))
     assert model.training
+
+
+def test_a_module_in_train_mode_is_switched_once_per_generate_not_per_step(make_engine, monkeypatch):
+    """The actor's own model (rollout.weight_sharing) arrives in training mode: `eval()` walks every
+    module, so it is switched for the whole call and back after, and back at once when a step raises."""
+    model = build_tiny_qwen2(seed=0).train()
+    switches = []
+    original = model.train
+    monkeypatch.setattr(model, "train", lambda mode=True: switches.append(mode) or original(mode))
+    engine = make_engine(model)
+    [result] = engine.generate(
+        requests(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    )
+    assert len(result.response_ids) == 6  # six steps
+    assert switches == [False, True] and model.training  # eval() is train(False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a step fails")
+
+    monkeypatch.setattr(engine._core, "step", broken)
+    with pytest.raises(RuntimeError, match="a step fails"):
+        engine.generate(requests(PROMPTS[:1], GREEDY))
+    assert model.training
