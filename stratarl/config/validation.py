@@ -95,8 +95,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
     """Raise ConfigError listing every problem of `cfg` (each naming its keys); return warnings.
 
     check_paths=False skips the existence of data files and model directories, for callers that
-    create them after validating (the quickstart).
-    """
+    create them after validating (the quickstart)."""
     # A config built in Python skips OmegaConf's type checks; the checks below assume the types hold.
     mistyped = _type_problems(cfg)
     if mistyped:

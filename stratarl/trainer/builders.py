@@ -133,8 +133,7 @@ def precision_spec(fsdp: Any, *, offload_optimizer: bool = False) -> PrecisionSp
 
 
 def shares_weights(cfg: RunConfig, *, sft: bool = False) -> bool:
-    """What rollout.weight_sharing resolves to: share, copy, or auto — share where it is safe
-    (config/rollout_weights.py; validation refuses share where it is not). sft: for `stratarl sft`."""
+    """rollout.weight_sharing resolved; auto shares where config/rollout_weights.py finds it safe."""
     mode = cfg.rollout.weight_sharing
     if mode in ("share", "copy"):
         return mode == "share"
