@@ -112,7 +112,9 @@ def generate_into_queue(
 
 def narrow_integers(batch: DataProto) -> DataProto:
     """The batch with each int64 column in the narrowest exact dtype for the wire (0/1 masks as bool,
-    token ids as int32); meta_info[WIRE_DTYPES] names the dtype `widen_integers` restores."""
+    token ids as int32); meta_info[WIRE_DTYPES] names the dtype `widen_integers` restores. The
+    dtype follows this batch's values, so two senders may narrow one column differently: widen each
+    part before concatenating parts from several senders."""
     narrowed, wire = {}, {}
     for name in batch.tensor_keys:
         values = batch[name]

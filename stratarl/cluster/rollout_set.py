@@ -70,7 +70,9 @@ class RolloutReplicas:
 
         parts = self.router.run_shares(requests, work)
         order = np.argsort(np.concatenate([positions for positions, _ in parts]), kind="stable")
-        out = widen_integers(DataProto.concat([part for _, part in parts]).take(order))
+        # Each replica narrows its integer columns by the values of its own share (a column of 0s
+        # and 1s travels as bool, one with a 2 as int32): widen each part before they meet.
+        out = DataProto.concat([widen_integers(part) for _, part in parts]).take(order)
         rows.remember(keys, out)
         return out.union(DataProto.from_dict(non_tensors={KEY: np.array(keys, dtype=object)}))
 
