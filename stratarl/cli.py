@@ -50,11 +50,13 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from stratarl.config import load_config
+    from stratarl.config import load_config, validate_config
+
+    cfg = load_config(args.recipe, args.overrides)
+    validate_config(cfg)  # config and path mistakes before torch loads (seconds; 14 s on a busy CPU)
     from stratarl.trainer.rl_trainer import RLTrainer
     from stratarl.trainer.run_directory import default_run_dir
 
-    cfg = load_config(args.recipe, args.overrides)
     # The same on every launch: running the command again resumes the run from its newest
     # checkpoint (trainer.resume_mode=auto), as verl's default_local_dir does.
     RLTrainer(cfg, default_run_dir(cfg)).fit()
@@ -67,11 +69,12 @@ def _sft(args: argparse.Namespace) -> int:
 
     from stratarl.config import load_config, validate_config
     from stratarl.config.sft_scope import sft_warnings
-    from stratarl.trainer.run_directory import default_run_dir
-    from stratarl.trainer.sft import sft_from_config
 
     cfg = load_config(args.recipe, args.overrides)
     validate_config(cfg)  # its warnings are the RL run's; SFT prints those about what it reads
+    from stratarl.trainer.run_directory import default_run_dir
+    from stratarl.trainer.sft import sft_from_config
+
     console = Console()
     for warning in sft_warnings(cfg, args.overrides):
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)

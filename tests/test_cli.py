@@ -2,6 +2,8 @@
 config and input errors are one message with exit code 2; sft and train share output_root and summaries."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,29 @@ def test_a_config_error_is_one_message_and_exit_code_2(capsys):
         main(["train", str(RECIPES / "quickstart.yaml"), "rollout.nn=4", "--debug"])
     with pytest.raises(ConfigError):
         main(["--debug", "sft", str(RECIPES / "quickstart.yaml"), "rollout.nn=4"])
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("actor.lrr=1",),  # a typo in a key
+        ("algorithm.adv_estimator=grpoo", "actor.kl_loss_type=k9"),  # unknown names in the registries
+        ("model.path=/nonexistent/model",),  # a path that does not exist
+    ],
+    ids=["key", "names", "path"],
+)
+def test_a_config_error_is_reported_before_torch_or_transformers_is_imported(command, overrides):
+    """Was: `stratarl train` imported the trainer (torch, transformers) first: 14 s on a busy CPU."""
+    code = (
+        "import sys\n"
+        "from stratarl.cli import main\n"
+        f"code = main({[command, str(RECIPES / 'quickstart.yaml'), *overrides]!r})\n"
+        "print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split("\n")[-2] == "2 []", out.stdout + out.stderr
+    assert f"stratarl {command}: invalid config" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_sft_and_train_share_output_root_and_write_summary_json(tiny_task, tmp_path, monkeypatch):

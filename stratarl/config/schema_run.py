@@ -220,11 +220,10 @@ class RunConfig:
         """True when a critic is trained: critic.enable, or (when null) an estimator that needs values."""
         if self.critic.enable is not None:
             return self.critic.enable
-        # Imported here so that loading a config does not import torch.
-        from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
+        # The catalog, not the registry: loading a config does not import torch.
+        from stratarl.algo.catalog import ESTIMATOR_INPUTS
 
-        estimator = ADVANTAGE_ESTIMATORS.get(self.algorithm.adv_estimator)
-        return estimator is not None and "values" in estimator.inputs
+        return "values" in ESTIMATOR_INPUTS.get(self.algorithm.adv_estimator, frozenset())
 
     @property
     def uses_reference(self) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from stratarl.algo import catalog
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
 from stratarl.config.model_dirs import model_dir_problems, tokenizer_dir_problems
@@ -122,22 +123,16 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
 
 
 def registries() -> dict[str, tuple[str, Collection[str]]]:
-    """Config key -> (what it names, the valid names) from the registries of `stratarl/algo/`."""
-    # Imported here so that loading a config does not import torch.
-    from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
-    from stratarl.algo.aggregation import LOSS_AGGREGATIONS
-    from stratarl.algo.kl import KL_ESTIMATORS
-    from stratarl.algo.kl_control import KL_CONTROLLERS
-    from stratarl.algo.policy_loss import POLICY_LOSSES
-
+    """Config key -> (what it names, the valid names): the names of `stratarl/algo/`'s registries, from
+    its torch-free catalog (`stratarl.algo.catalog`)."""
     return {
-        "algorithm.adv_estimator": ("advantage estimator", ADVANTAGE_ESTIMATORS),
-        "actor.policy_loss.name": ("policy loss", POLICY_LOSSES),
-        "actor.loss_agg_mode": ("loss aggregation", LOSS_AGGREGATIONS),
-        "critic.loss_agg_mode": ("loss aggregation", LOSS_AGGREGATIONS),
-        "actor.kl_loss_type": ("KL estimator", KL_ESTIMATORS),
-        "algorithm.kl_penalty": ("KL estimator", KL_ESTIMATORS),
-        "algorithm.kl_ctrl.type": ("KL controller", KL_CONTROLLERS),
+        "algorithm.adv_estimator": ("advantage estimator", catalog.ESTIMATOR_INPUTS),
+        "actor.policy_loss.name": ("policy loss", catalog.POLICY_LOSS_AGGREGATION),
+        "actor.loss_agg_mode": ("loss aggregation", catalog.LOSS_AGGREGATION_NAMES),
+        "critic.loss_agg_mode": ("loss aggregation", catalog.LOSS_AGGREGATION_NAMES),
+        "actor.kl_loss_type": ("KL estimator", catalog.KL_ESTIMATOR_NAMES),
+        "algorithm.kl_penalty": ("KL estimator", catalog.KL_ESTIMATOR_NAMES),
+        "algorithm.kl_ctrl.type": ("KL controller", catalog.KL_CONTROLLER_NAMES),
     }
 
 
@@ -186,10 +181,7 @@ def _range_problems(cfg: RunConfig) -> list[ConfigProblem]:
 
 def _estimator_inputs(cfg: RunConfig) -> frozenset[str]:
     """Batch fields the configured estimator reads (empty for an unknown name, reported elsewhere)."""
-    from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
-
-    estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
-    return estimator.inputs if estimator is not None else frozenset()
+    return catalog.ESTIMATOR_INPUTS.get(cfg.algorithm.adv_estimator, frozenset())
 
 
 def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
@@ -354,10 +346,8 @@ def config_warnings(cfg: RunConfig) -> list[str]:
 def keyed_warnings(cfg: RunConfig) -> list[ConfigProblem]:
     """`config_warnings` with the keys each one concerns, so that a command reading only some keys
     prints only the warnings about those (`sft_scope.sft_warnings`)."""
-    from stratarl.algo.policy_loss import POLICY_LOSSES
-
     inputs, val, loss = _estimator_inputs(cfg), cfg.rollout.val_kwargs, cfg.actor.policy_loss
-    forced = POLICY_LOSSES[loss.name].forced_aggregation
+    forced = catalog.POLICY_LOSS_AGGREGATION[loss.name]
     checks = [  # (fires, keys, message)
         (
             cfg.uses_critic and "values" not in inputs,
