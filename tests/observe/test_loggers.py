@@ -1,6 +1,7 @@
 """TensorBoard and W&B sinks: what a reader of their files sees (values, steps, tags, one lineage)."""
 
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,28 @@ def scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
-def wandb_history(run_dir: Path) -> list[dict[str, str]]:
+def wandb_history(run_dir: Path, *, wait_s: float = 60.0) -> list[dict[str, str]]:
     """The history rows of the offline run under run_dir/wandb, read from its .wandb file (a leveldb
-    log of protobuf records: 32 KiB blocks of [crc32, length, type] chunks after a 7-byte header)."""
+    log of protobuf records: 32 KiB blocks of [crc32, length, type] chunks after a 7-byte header).
+
+    `run.finish()` returns once wandb's service has handled the run's exit, but the service's writer
+    may append the records to the file a moment later (seen on a loaded machine: the file held no
+    history yet). So read until the file holds the exit record, which is written after every row."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = wandb_records(run_dir)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return [
+        {item.key or "/".join(item.nested_key): item.value_json for item in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
+
+
+def wandb_records(run_dir: Path) -> list:
+    """Every complete record of the offline run's .wandb file, in order."""
     from wandb.proto import wandb_internal_pb2
 
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
@@ -28,6 +48,8 @@ def wandb_history(run_dir: Path) -> list[dict[str, str]]:
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # a record still being written
+            break
         chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 0:  # zero padding to the block's end
             pos += block - pos % block if pos % block else 0
@@ -35,15 +57,12 @@ def wandb_history(run_dir: Path) -> list[dict[str, str]]:
         pending = chunk if kind in (1, 2) else pending + chunk  # full/first, middle/last
         if kind in (1, 4):
             records.append(pending)
-    rows = []
+    parsed = []
     for raw in records:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
-            )
-    return rows
+        parsed.append(record)
+    return parsed
 
 
 def test_tags_keep_train_and_validation_names_and_prefix_other_phases():
