@@ -1,4 +1,4 @@
-"""Layer 5, agent loops: what one episode produced, token by token and turn by turn (DESIGN.md §4).
+"""Layer 5, agent loops: what one episode produced, token by token and turn by turn (docs/design.md).
 
 `Trajectory` holds the token stream (prompt ids; response ids = assistant and observation tokens in
 order; `response_mask` 1 exactly on sampled ids; rollout log-probs, 0.0 on observation tokens), the
@@ -137,7 +137,7 @@ class Trajectory:
         return None
 
     def record(self) -> dict[str, Any]:
-        """A JSON-ready description of the episode (DESIGN.md §4 questions 4–7)."""
+        """A JSON-ready description of the episode (the trace's questions 4–7, docs/design.md)."""
         return {
             "request_id": self.request_id,
             "stop_reason": self.stop_reason,

@@ -128,8 +128,9 @@ class PolicyWorker:
     # --- rollout -------------------------------------------------------------------------------
     def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
         """One response per row of `prompts` (`raw_prompt_ids`, already repeated n times) from this
-        worker's engine, in the batch-edge layout (DESIGN.md §5) with `rollout_log_probs` and
-        `weight_version`; row i samples with seed + i. (A worker group routes over its engines.)"""
+        worker's engine, in the batch-edge layout (docs/design.md#batch-conventions) with
+        `rollout_log_probs` and `weight_version`; row i samples with seed + i. (A worker group routes
+        over its engines.)"""
         results = self._engine().generate(generation_requests(prompts, sampling, seed))
         return results_proto(
             results, pad_token_id=self.spec.pad_token_id, max_response_len=sampling.max_tokens

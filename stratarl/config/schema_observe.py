@@ -1,8 +1,9 @@
 """Layer 1, config: what a run records about itself — `trace.*` (the per-trajectory trace) and
 `watchdog.*` (deadlines of phases; a stack dump of every process when one passes).
 
-The trace answers DESIGN.md §4's ten questions for each traced trajectory (`stratarl trace`); the
-watchdog turns a hang into an error naming the phase, role and rank (`stratarl doctor` reads both).
+The trace answers the ten questions of docs/design.md#the-ten-questions-of-a-trajectory for each
+traced trajectory (`stratarl trace`); the watchdog turns a hang into an error naming the phase,
+role and rank (`stratarl doctor` reads both).
 """
 
 from __future__ import annotations

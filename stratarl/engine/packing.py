@@ -1,6 +1,7 @@
 """Layer 5, training engine: model inputs for a micro-batch, packed (no padding) or padded.
 
-At the batch edge a row is a left-padded prompt then a right-padded response, [m, P+T] (DESIGN §5).
+At the batch edge a row is a left-padded prompt then a right-padded response, [m, P+T]
+(docs/design.md#batch-conventions).
 `pack_rows` removes every padding token and concatenates the rows into one sequence [1, L],
 L = Σ attention_mask, positions restarting at 0 for each row (verl's `use_remove_padding`), with
 attention split at the row boundaries (`varlen_attention`, flash-attn's varlen keywords: no work on

@@ -1,9 +1,10 @@
 """Cross-cutting: what a run writes down — metrics.jsonl, trajectories.jsonl, and a console view.
 
 Each line of `metrics.jsonl` is {"step": k, "phase": "train"|"val"|"sft", <metric>: value, ...};
-each line of `trajectories.jsonl` is one trajectory of one step (DESIGN.md §4: where it came from,
-what it said, what it earned, which weights made it). Logs grow by appending; any file that is
-rewritten instead (`replace_atomically`) is written beside, fsynced and renamed over the old one.
+each line of `trajectories.jsonl` is one trajectory of one step (where it came from, what it said,
+what it earned, which weights made it: docs/design.md#the-ten-questions-of-a-trajectory). Logs grow
+by appending; any file that is rewritten instead (`replace_atomically`) is written beside, fsynced
+and renamed over the old one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cross-cutting: DESIGN.md §4's ten questions answered from one trace row, and choosing that row.
+"""Cross-cutting: the ten questions of docs/design.md answered from one trace row, and choosing that row.
 
 `ten_answers(row)` gives each question as (label, value) lines — the same answers the terminal
 view (`trace_view`) and the HTML page (`trace_html`) show. `select_row` picks the trajectory of

@@ -1,5 +1,5 @@
-"""Cross-cutting: the trace fields each phase knows about a trajectory (DESIGN.md §4, one function per
-question group), read from the batch right after that phase.
+"""Cross-cutting: the trace fields each phase knows about a trajectory (the ten questions of
+docs/design.md, one function per question group), read from the batch right after that phase.
 
 Every function takes the batch (N rows) and returns {column: [N values]} of plain Python values
 (numbers, strings, int lists; nested records as JSON text), so that `trace_store.StepTrace` can join

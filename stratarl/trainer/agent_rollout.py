@@ -6,7 +6,8 @@ generate …) and lays the finished trajectories out as the same batch edge the 
 writes — `prompts`, `responses` (assistant AND observation tokens), `input_ids`, `attention_mask`,
 `position_ids`, `response_mask` (1 on sampled tokens only), `rollout_log_probs` (0 under mask 0),
 `weight_version`, `finish_reason` — plus `num_turns` and `agent_record`, one JSON record per row
-(turns, tool calls with name/arguments/result/duration/error/failure, stop reason; DESIGN.md §4).
+(turns, tool calls with name/arguments/result/duration/error/failure, stop reason: questions 5
+and 6 of docs/design.md#the-ten-questions-of-a-trajectory).
 Tool calls run in worker processes under `agent.tool_timeout_s` (`agent.isolation`) unless
 `agent.tools_in_process`. With `agent.streaming_reward` each episode's rule score is computed as it
 finishes, the other reward sources are added when all are done, and `token_level_scores` is written

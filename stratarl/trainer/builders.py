@@ -1,7 +1,7 @@
 """Layer 2, control flow: builders that turn the run config into components and plain arguments.
 
-Config stops here (STYLE.md principle 4): everything below the trainer receives typed specs
-(`cluster.specs`: one per role, the same in one process and on Ray) or plain keyword arguments.
+Config stops here (docs/design.md#config-stops-at-the-boundary): everything below the trainer
+receives typed specs (`cluster.specs`: one per role, in one process and on Ray) or keyword arguments.
 """
 
 from __future__ import annotations

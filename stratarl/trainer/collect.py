@@ -1,6 +1,6 @@
 """Layer 2, control flow: the collect phase of a step — B prompts × n rolled out and scored.
 
-`BatchCollector.collect(step)` is the first half of DESIGN.md §3's step: prompts -> expand to n ->
+`BatchCollector.collect(step)` is the first half of docs/design.md#one-step: prompts -> expand to n ->
 generate (one turn, or the agent's multi-turn episodes) -> (ReMax's greedy baselines) -> reward,
 each phase under the run's `PhaseMonitor` and followed by its trace fields. With DAPO's dynamic
 sampling (`algorithm.filter_groups`) it runs rounds of that until B prompts whose groups carry

@@ -1,4 +1,4 @@
-"""Layer 2, control flow: the learning half of a step — DESIGN.md §3 after the reward.
+"""Layer 2, control flow: the learning half of a step — docs/design.md#one-step after the reward.
 
     old log-prob -> (ref log-prob) -> (values) -> (rollout correction) -> advantage
                  -> critic update -> actor update

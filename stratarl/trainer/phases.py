@@ -1,4 +1,4 @@
-"""Layer 2, control flow: one function per phase of a step (DESIGN.md §3).
+"""Layer 2, control flow: one function per phase of a step (docs/design.md#one-step).
 
 Each phase reads named fields of the batch, checks them against their contracts, computes, and
 returns the batch with the fields it writes (checked too). Workers are reached through the
@@ -247,8 +247,9 @@ def sync_weights(worker: PolicyHandle, version: int | None = None) -> dict[str, 
 def trajectory_records(
     batch: DataProto, texts: Sequence[str], prompt_texts: Sequence[str], step: int
 ) -> list[dict[str, Any]]:
-    """One JSON record per trajectory: where it came from, what it said, what it earned (DESIGN §4),
-    with the ground truth it was scored against and the scorer's extra values (e.g. `acc`)."""
+    """One JSON record per trajectory: where it came from, what it said, what it earned (the trace's
+    questions 1-4, 7, 8 in short, docs/design.md), with the ground truth it was scored against and
+    the scorer's extra values (e.g. `acc`)."""
     scores = batch["token_level_scores"].sum(-1)
     mask = batch["response_mask"].bool()
     advantages = [
@@ -271,7 +272,7 @@ def trajectory_records(
             "finish_reason": batch["finish_reason"][i],
             "reward": float(scores[i]),
             "reward_extra": {name: float(column[i]) for name, column in extras.items()},
-            # where it came from (DESIGN §4, question 7): each source's weighted part, the penalty
+            # where it came from (the trace's question 7): each source's weighted part, the penalty
             "reward_sources": {k: float(batch[k][i]) for k in REWARD_SOURCE_COLUMNS if k in batch},
             "reward_failure": batch["reward_failure"][i] if "reward_failure" in batch else "",
             "advantage": advantages[i],

@@ -1,4 +1,4 @@
-"""Layer 2, control flow: the RL trainer — `fit()` runs steps, each step reads like DESIGN.md §3.
+"""Layer 2, control flow: the RL trainer — `fit()` runs steps, each as docs/design.md#one-step reads.
 
     prompts -> expand to n -> generate -> reward -> old log-prob -> (ref log-prob)
             -> advantage -> actor update -> weight sync

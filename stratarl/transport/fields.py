@@ -34,7 +34,7 @@ DTYPE_KINDS: dict[str, tuple[str, frozenset[torch.dtype] | None]] = {
     "object": ("numpy array of Python objects (a non-tensor column)", None),
 }
 
-# The phases of one step (DESIGN.md §3), in order; producers and consumers are named from this list.
+# The phases of one step (docs/design.md#one-step), in order; producers and consumers name them.
 PHASES: tuple[str, ...] = (
     "dataloader",
     "expand",

@@ -1,4 +1,4 @@
-"""The architecture rules of DESIGN.md §2 as data, and a checker that applies them to any source tree.
+"""The layer rules of docs/design.md as data, and a checker that applies them to any source tree.
 
 The checker parses imports with `ast` (nothing is imported or executed), so it runs on the real
 package and on the synthetic trees the tests build to prove that each rule can fail.

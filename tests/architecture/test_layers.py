@@ -1,4 +1,4 @@
-"""The real package obeys DESIGN.md §2: import direction, reserved modules, module size and names."""
+"""The real package obeys docs/design.md's layer rules: import direction, reserved modules, size, names."""
 
 from pathlib import Path
 

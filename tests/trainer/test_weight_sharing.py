@@ -46,7 +46,12 @@ def test_shared_weights_generate_what_a_synced_copy_generates(family, task, tmp_
     assert copied.rollout.model is not copied.actor.model
     assert len(shared_steps) == len(copied_steps) == 3
     for a, b in zip(shared_steps, copied_steps, strict=True):
-        assert {k: a[k] for k in COMPARED + GAPS} == {k: b[k] for k in COMPARED + GAPS}, f"step {a['step']}"
+        # Not bit for bit: the shared engine's prefill runs on parameters that require grad, and
+        # torch's CPU matmul may take another kernel for those (it does on AVX2, not on AVX-512;
+        # docs/rollout.md), so what the engine computes agrees to fp32 rounding (a few 1e-7 in a
+        # log-prob). A stale engine is off by 7e-6 or more in the gaps, far outside these bounds.
+        for key in COMPARED + GAPS:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), f"step {a['step']}: {key}"
         assert max(abs(a[k]) for k in GAPS) < 2e-6, (
             f"step {a['step']}: the engine's log-probs are not the actor's"
         )
@@ -54,7 +59,8 @@ def test_shared_weights_generate_what_a_synced_copy_generates(family, task, tmp_
         assert a["rollout/weight_sync_bytes"] == 0 and b["rollout/weight_sync_bytes"] > 0
     assert shared.weight_version == copied.weight_version == 3
     ours, theirs = shared.actor.model.state_dict(), copied.actor.model.state_dict()
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)  # the same training, bit for bit
+    for key in ours:  # the same training: Adam's updates differ by rounding at most (lr 1e-2)
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
 def test_auto_shares_only_where_it_is_safe(task):
