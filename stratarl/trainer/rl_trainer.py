@@ -54,7 +54,7 @@ from stratarl.trainer.validation import record_validation, run_validation
 
 
 class RLTrainer:
-    """GRPO-family training of one policy, in one process (the in-process cluster backend)."""
+    """RL training of one policy (GRPO family, PPO with GAE and a critic), in one process or on Ray."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None):
         warnings = validate_config(cfg)
