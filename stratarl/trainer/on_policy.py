@@ -30,7 +30,12 @@ PI_OLD_INPUTS = frozenset({"old_log_prob", "sum_pi_squared"})  # estimator input
 
 
 def old_log_prob_reuse(cfg: RunConfig) -> tuple[bool, str]:
-    """(whether π_old comes from the update's forward, a line saying so or why not)."""
+    """(whether π_old comes from the update's forward, a line saying where it comes from and why)."""
+    if cfg.algorithm.rollout_correction.bypass_mode:  # no forward at all: the rollout's log-probs
+        return False, (
+            "old log-probs: the rollout's own, no old-log-prob forward "
+            "(algorithm.rollout_correction.bypass_mode: π_old is π_rollout)"
+        )
     model_config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     blockers = reuse_blockers(cfg, model_config)
     if not blockers:

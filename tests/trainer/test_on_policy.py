@@ -88,6 +88,20 @@ def test_whatever_could_make_them_differ_keeps_the_separate_forward(task, extra,
     assert "the model has dropout" in on_policy.reuse_blockers(one_step, Qwen2Config(attention_dropout=0.1))
 
 
+def test_the_start_up_line_of_bypass_mode_says_that_no_forward_runs(task):
+    """Was: "old log-probs: a separate forward (… bypass_mode (π_old is π_rollout))", which
+    contradicts itself: bypass mode takes π_old from the rollout and runs no old-log-prob forward."""
+    reuse, line = on_policy.old_log_prob_reuse(
+        small_config(task, "algorithm.rollout_correction.bypass_mode=true")
+    )
+    assert not reuse and "separate forward" not in line
+    assert (
+        line.startswith("old log-probs: the rollout's own, no old-log-prob forward") and "π_rollout" in line
+    )
+    _, recompute = on_policy.old_log_prob_reuse(small_config(task, "actor.prompts_per_mini_batch=2"))
+    assert recompute.startswith("old log-probs: a separate forward")
+
+
 def test_two_mini_batches_still_run_the_old_forward(task, tmp_path):
     trainer, metrics, _ = run_metrics(task, tmp_path, "two", "actor.prompts_per_mini_batch=2")
     assert not trainer.loss_fn.old_log_prob_from_forward
