@@ -2,8 +2,9 @@
 
 Each kept row becomes a `PromptItem` that carries its prompt token ids and everything a trace
 needs to find it again (file, split, row index). Rows that break the schema or whose template
-fails are reported with file and row and skipped; prompts longer than `max_prompt_tokens` are
-dropped and counted (verl keeps length <= max_prompt_length). Nothing here crashes on one bad row.
+fails are skipped and reported one line per problem, with the number of rows it affects and the
+first few of them; prompts longer than `max_prompt_tokens` are dropped and counted (verl keeps
+length <= max_prompt_length). Nothing here crashes on one bad row.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from stratarl.data.schema import RowError, check_row, read_rows
 
 logger = logging.getLogger(__name__)
+MAX_PROBLEM_LINES = 10  # distinct problems listed; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -35,19 +37,32 @@ class PromptItem:
     agent_name: str | None = None  # the row's agent loop (multi-turn); None: agent.default_agent
 
 
-@dataclass(frozen=True)
+@dataclass
 class RowProblem:
-    file: str
-    row: int
+    """One problem of malformed rows (`RowError.problem`): how many rows have it, the first few."""
+
     reason: str
+    count: int = 0
+    rows: list[tuple[str, int]] = field(default_factory=list)  # (file, row index), the first few
+    first_value: str = ""  # the value found in its first row, where the problem is a wrong value
 
     def __str__(self) -> str:
-        return f"{self.file} row {self.row}: {self.reason}"
+        by_file: dict[str, list[int]] = {}
+        for file, row in self.rows:
+            by_file.setdefault(file, []).append(row)
+        where = "; ".join(
+            f"{file} row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows))}"
+            for file, rows in by_file.items()
+        )
+        more = ", …" if self.count > len(self.rows) else ""
+        value = f"; first value: {self.first_value}" if self.first_value else ""
+        return f"{self.reason}: {self.count} row{'s' if self.count != 1 else ''} ({where}{more}{value})"
 
 
 @dataclass
 class DatasetReport:
-    """What loading did: rows read, kept, dropped as over-long, skipped as malformed (first few listed)."""
+    """What loading did: rows read, kept, dropped as over-long, skipped as malformed — one
+    `RowProblem` per problem, its rows counted and the first `rows_shown` listed."""
 
     files: list[str]
     max_prompt_tokens: int
@@ -56,7 +71,15 @@ class DatasetReport:
     num_overlong: int = 0
     num_malformed: int = 0
     longest_kept_tokens: int = 0
-    problems: list[RowProblem] = field(default_factory=list)
+    problems: dict[str, RowProblem] = field(default_factory=dict)  # by reason, in order of first row
+    rows_shown: int = 5
+
+    def add_problem(self, file: str, row: int, error: RowError) -> None:
+        self.num_malformed += 1
+        problem = self.problems.setdefault(error.problem, RowProblem(error.problem, first_value=error.found))
+        problem.count += 1
+        if len(problem.rows) < self.rows_shown:
+            problem.rows.append((file, row))
 
     def summary(self) -> str:
         lines = [
@@ -65,9 +88,13 @@ class DatasetReport:
             f"malformed {self.num_malformed}; "
             f"longest kept prompt {self.longest_kept_tokens} tokens"
         ]
-        lines += [f"  malformed: {problem}" for problem in self.problems]
-        if self.num_malformed > len(self.problems):
-            lines.append(f"  ... and {self.num_malformed - len(self.problems)} more malformed rows")
+        problems = list(self.problems.values())
+        lines += [f"  malformed: {problem}" for problem in problems[:MAX_PROBLEM_LINES]]
+        if len(problems) > MAX_PROBLEM_LINES:
+            rest = problems[MAX_PROBLEM_LINES:]
+            lines.append(
+                f"  ... and {len(rest)} more problems in {sum(p.count for p in rest)} more malformed rows"
+            )
         return "\n".join(lines)
 
 
@@ -108,15 +135,17 @@ def load_prompt_dataset(
 ) -> PromptDataset:
     """Read verl-schema parquet file(s) as-is into a `PromptDataset`; log and attach the report.
 
+    max_problems: rows listed per problem of malformed rows (all are counted).
     prompt_key / data_source_key name the message and scorer columns. A prompt over
     `max_prompt_tokens` is dropped and counted, or (filter_overlong=False) a ValueError naming its
     file, row and length.
 
     Raises FileNotFoundError / ValueError for a missing or unreadable file, and ValueError when
-    no row survives (an empty dataset would otherwise train zero steps without saying why).
+    no row survives (an empty dataset would otherwise train zero steps without saying why): the
+    report is then in the error, and only there (it was printed twice, logged and raised).
     """
     files = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
-    report = DatasetReport(files=files, max_prompt_tokens=max_prompt_tokens)
+    report = DatasetReport(files=files, max_prompt_tokens=max_prompt_tokens, rows_shown=max_problems)
     items: list[PromptItem] = []
     for file in files:
         for row_index, row in enumerate(read_rows(file)):
@@ -124,9 +153,7 @@ def load_prompt_dataset(
             try:
                 item = _item_from_row(row, tokenizer, file, row_index, prompt_key, data_source_key)
             except RowError as err:
-                report.num_malformed += 1
-                if len(report.problems) < max_problems:
-                    report.problems.append(RowProblem(file, row_index, str(err)))
+                report.add_problem(file, row_index, err)
                 continue
             if len(item.prompt_ids) > max_prompt_tokens:
                 if not filter_overlong:
@@ -140,9 +167,9 @@ def load_prompt_dataset(
             report.longest_kept_tokens = max(report.longest_kept_tokens, len(item.prompt_ids))
             items.append(item)
     report.num_kept = len(items)
-    (logger.warning if report.num_malformed else logger.info)("prompt dataset: %s", report.summary())
     if not items:
         raise ValueError(f"no usable prompts in {', '.join(files)}:\n{report.summary()}")
+    (logger.warning if report.num_malformed else logger.info)("prompt dataset: %s", report.summary())
     return PromptDataset(items, report)
 
 

@@ -92,10 +92,61 @@ def test_malformed_rows_reported_with_file_and_row_and_skipped(tmp_path, tokeniz
     report = dataset.report
     assert [item.source_row for item in dataset.items] == [0, 5]
     assert (report.num_rows, report.num_kept, report.num_malformed) == (7, 2, 5)
-    assert [(p.file, p.row) for p in report.problems] == [(str(good), 1), (str(good), 2), (str(good), 3)]
-    assert "prompt must be a list" in report.problems[0].reason
-    assert "and 2 more malformed rows" in report.summary()
-    assert "mixed.parquet row 1" in caplog.text
+    assert [(p.reason, p.count, p.rows) for p in report.problems.values()] == [
+        ("prompt must be a list of chat messages", 1, [(str(good), 1)]),
+        ("prompt has no messages", 1, [(str(good), 2)]),
+        ("reward_model must be a dict with ground_truth", 1, [(str(good), 3)]),
+        ("prompt[0].content must be a string", 1, [(str(good), 4)]),
+        ("prompt column is missing", 1, [(str(no_prompt), 0)]),
+    ]
+    assert f"  malformed: prompt has no messages: 1 row ({good} row 2)" in report.summary()
+    assert "mixed.parquet row 1" in caplog.text and len(caplog.records) == 1
+
+
+def _pyarrow_parquet(path, n, *, drop=(), **columns):
+    """`n` arithmetic rows written with pyarrow itself, without the `drop` columns; `columns`: per-row
+    values replacing those columns (None entries are nulls)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([_row(f"{i}+1", index=i, truth=str(i + 1)) for i in range(n)])
+    for name, values in columns.items():
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values))
+    pq.write_table(table.drop_columns(list(drop)), path)
+    return path
+
+
+def test_a_missing_column_is_one_line_with_its_rows_counted_and_printed_once(tmp_path, tokenizer, caplog):
+    """Was: the same message once per row (five rows, then "... and 1995 more"), and the block twice:
+    logged as a warning, then again in the error."""
+    path = _pyarrow_parquet(tmp_path / "train.parquet", 2000, drop=["reward_model"])
+    with (
+        caplog.at_level(logging.INFO, logger="stratarl.data.prompt_dataset"),
+        pytest.raises(ValueError) as err,
+    ):
+        load_prompt_dataset(path, tokenizer, max_prompt_tokens=64)
+    message = str(err.value)
+    assert f"  malformed: reward_model column is missing: 2000 rows ({path} rows 0, 1, 2, 3, 4, …)" in message
+    assert message.count("malformed:") == 1 and "more" not in message
+    assert not caplog.records  # the report is in the error only
+
+
+def test_wrong_values_are_grouped_and_a_null_data_source_reads_as_missing(tmp_path, tokenizer):
+    n = 50
+    text = _pyarrow_parquet(tmp_path / "text.parquet", n, prompt=[f"{i}+1" for i in range(n)])
+    with pytest.raises(ValueError) as err:
+        load_prompt_dataset(text, tokenizer, max_prompt_tokens=64)
+    assert [line for line in str(err.value).splitlines() if "malformed:" in line] == [
+        f"  malformed: prompt must be a list of chat messages: 50 rows ({text} rows 0, 1, 2, 3, 4, …; "
+        "first value: str '0+1')"
+    ]
+    sources = [None if 10 <= i < 20 else "arithmetic" for i in range(n)]
+    path = _pyarrow_parquet(tmp_path / "s.parquet", n, data_source=sources)
+    report = load_prompt_dataset(path, tokenizer, max_prompt_tokens=64).report
+    assert [str(p) for p in report.problems.values()] == [
+        f"data_source is missing (null): 10 rows ({path} rows 10, 11, 12, 13, 14, …)"
+    ]
+    assert "NoneType" not in report.summary() and report.num_kept == 40
 
 
 def test_template_failure_is_a_reported_row(tmp_path, tokenizer):
@@ -109,7 +160,8 @@ def test_template_failure_is_a_reported_row(tmp_path, tokenizer):
     rows = [_row("1+1"), {**_row("x"), "prompt": [{"role": "tool", "content": "42"}]}]
     dataset = load_prompt_dataset(write_rows(tmp_path / "t.parquet", rows), strict, max_prompt_tokens=64)
     assert len(dataset) == 1 and dataset.report.num_malformed == 1
-    assert "no tools here" in dataset.report.problems[0].reason
+    [problem] = dataset.report.problems.values()
+    assert "no tools here" in problem.reason and problem.rows == [(str(dataset.report.files[0]), 1)]
 
 
 def test_no_usable_rows_is_an_error_with_the_report(tmp_path, tokenizer):

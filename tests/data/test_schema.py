@@ -48,6 +48,27 @@ def test_malformed_rows_name_the_field(change, reason):
         check_row({**GOOD, **change})
 
 
+def test_a_missing_data_source_reads_as_missing_and_the_problem_is_the_same_for_every_value():
+    """Was: "data_source must be a non-empty string, got NoneType None"."""
+    errors = {}
+    for name, row in {
+        "null": {**GOOD, "data_source": None},
+        "absent": {k: v for k, v in GOOD.items() if k != "data_source"},
+        "empty": {**GOOD, "data_source": ""},
+        "int": {**GOOD, "data_source": 7},
+        "other int": {**GOOD, "data_source": 8},
+    }.items():
+        with pytest.raises(RowError) as caught:
+            check_row(row)
+        errors[name] = caught.value
+    assert str(errors["null"]) == "data_source is missing (null)"
+    assert str(errors["absent"]) == "data_source column is missing"
+    assert str(errors["empty"]) == "data_source is empty"
+    assert str(errors["int"]) == "data_source must be a string (the reward function's name), got int 7"
+    assert errors["int"].problem == errors["other int"].problem and errors["int"].found == "int 7"
+    assert not any("NoneType" in str(e) for e in errors.values())
+
+
 def test_missing_columns_are_malformed():
     with pytest.raises(RowError, match="prompt column is missing"):
         check_row({k: v for k, v in GOOD.items() if k != "prompt"})
