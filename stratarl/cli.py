@@ -2,7 +2,8 @@
 
 Subcommands import their layer lazily, so `stratarl --help` is instant and a subcommand pays only
 for what it uses. A mistake in the config or the inputs (a `ConfigError`, a refused run directory)
-prints one message and exits with code 2; `--debug` shows the traceback instead.
+prints one message and exits with code 2; `--debug` shows the traceback instead. Ctrl-C prints one
+line and exits with code 130 (`train` and `sft` stop at a safe point: `trainer.interruption`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 EXIT_USAGE = 2  # config and input errors, as argparse exits on a bad command line
 EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 
 
 class InputError(ValueError):
@@ -54,12 +56,13 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides)
     validate_config(cfg)  # config and path mistakes before torch loads (seconds; 14 s on a busy CPU)
+    from stratarl.trainer.interruption import StopRequest
     from stratarl.trainer.rl_trainer import RLTrainer
     from stratarl.trainer.run_directory import default_run_dir
 
     # The same on every launch: running the command again resumes the run from its newest
     # checkpoint (trainer.resume_mode=auto), as verl's default_local_dir does.
-    RLTrainer(cfg, default_run_dir(cfg)).fit()
+    RLTrainer(cfg, default_run_dir(cfg)).fit(stop=StopRequest())
     return 0
 
 
@@ -72,13 +75,14 @@ def _sft(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides)
     validate_config(cfg)  # its warnings are the RL run's; SFT prints those about what it reads
+    from stratarl.trainer.interruption import StopRequest
     from stratarl.trainer.run_directory import default_run_dir
     from stratarl.trainer.sft import sft_from_config
 
     console = Console()
     for warning in sft_warnings(cfg, args.overrides):
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
-    sft_from_config(cfg, default_run_dir(cfg, suffix="-sft"), console=console)
+    sft_from_config(cfg, default_run_dir(cfg, suffix="-sft"), console=console, stop=StopRequest())
     return 0
 
 
@@ -293,12 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from stratarl.config import ConfigError
+    from stratarl.trainer.interruption import RunInterrupted
     from stratarl.trainer.run_directory import RunDirectoryError
 
     try:
         return args.handler(args)
     except (ConfigError, RunDirectoryError, InputError) as err:
         return _report(args, err, EXIT_USAGE)
+    except RunInterrupted as err:  # stopped at a safe point: the line says what is saved
+        return _report(args, err, EXIT_INTERRUPTED)
+    except KeyboardInterrupt as err:  # before a run's steps began, or a command that has none
+        nothing = "; nothing of this start is saved" if args.command in ("train", "sft") else ""
+        return _report(args, err, EXIT_INTERRUPTED, message=f"interrupted (Ctrl-C){nothing}")
     except OSError as err:
         from stratarl.engine.checkpoint import CheckpointWriteError
 
@@ -307,9 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(args, err, EXIT_FAILED)
 
 
-def _report(args: argparse.Namespace, err: Exception, code: int) -> int:
+def _report(args: argparse.Namespace, err: BaseException, code: int, *, message: str = "") -> int:
     """One message on stderr instead of a traceback (which --debug asks for)."""
     if args.debug:
         raise err
-    print(f"stratarl {args.command}: {err}", file=sys.stderr)
+    print(f"stratarl {args.command}: {message or err}", file=sys.stderr)
     return code

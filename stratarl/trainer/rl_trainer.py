@@ -18,23 +18,24 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, TimeElapsedColumn
 
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.loggers import make_sinks
 from stratarl.observe.phase_monitor import PhaseMonitor
+from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.stack_dumps import write_error_report
 from stratarl.trainer import (
     agent_rollout,
     builders,
     checkpointing,
+    interruption,
     on_policy,
     phases,
     preflight,
@@ -45,6 +46,7 @@ from stratarl.trainer import (
 from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.collect import BatchCollector
+from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested
 from stratarl.trainer.learn import StepLearner
 from stratarl.trainer.run_directory import RunLock, claim_run_directory
 from stratarl.trainer.run_summary import finish_run, write_placement
@@ -158,17 +160,22 @@ class RLTrainer:
         self.version_offset = self.worker.weight_version - 1
         self.batches: BatchSource | None = None  # built once the start step is known (`_fit`)
         self.resumed_batches: dict[str, Any] | None = None
+        self.stop = StopRequest()  # never requested unless `fit` is given one to arm (the CLI's)
+        self.last_done = 0  # the last step completed in this process (or the resumed one)
 
     def version_of(self, step: int) -> int:
         return step + self.version_offset
 
     # ------------------------------------------------------------------------------------------
-    def fit(self) -> dict[str, Any]:
+    def fit(self, *, stop: StopRequest | None = None) -> dict[str, Any]:
         """Train up to `total_steps` (continuing from a checkpoint when trainer.resume_mode finds one);
         returns the last validation metrics (empty without a val set). Worker processes (Ray) are
         stopped at the end, also when a step fails, and so are the scoring and tool workers and the
-        metric sinks (TensorBoard, W&B)."""
+        metric sinks (TensorBoard, W&B). With `stop` (the CLI's) Ctrl-C stops the run after the step
+        that runs, saved where trainer.save_freq allows, and raises `RunInterrupted` (`interruption`)."""
         with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
+            if stop is not None:  # disarmed last: a second Ctrl-C during the clean-up still exits at once
+                self.stop = cleanup.enter_context(stop.armed(self._stopped_at_once))
             cleanup.callback(self.claim.release)  # last: the run directory is free once all stopped
             if self.watchdog is not None:  # stopped next to last: a cleanup that hangs still meets its grace
                 self.watchdog.start()
@@ -211,6 +218,7 @@ class RLTrainer:
         self.log.console.print(f"[dim]{self.old_log_prob_source}[/dim]")
         write_placement(self.run_dir, self.worker, self.critic)
         start, run_start = self.resume(), time.perf_counter()
+        self.last_done = start
         self.batches = training_modes.build_batch_source(
             self.cfg,
             self.collector,
@@ -246,23 +254,14 @@ class RLTrainer:
             and (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only)
         ):
             last_val = self.validate(step=0)
+        self.last_val = last_val
         if self.cfg.trainer.val_only:
             self.claim.record_finish(start)
             return last_val
-        columns = (*Progress.get_default_columns(), TimeElapsedColumn())
-        with Progress(*columns, console=self.log.console, transient=True) as progress:
-            bar = progress.add_task("training", total=self.total_steps, completed=start)
-            for step in range(start + 1, self.total_steps + 1):
-                metrics = self.train_step(step)
-                self.log.log_metrics(step, metrics)
-                self.log.print_step(step, self.total_steps, metrics)
-                progress.advance(bar)
-                with self.batches.paused(step):  # the producer (if any) generates nothing meanwhile
-                    if self.validates(step):
-                        last_val = self.validate(step)
-                    self.last_val = last_val
-                    if checkpointing.should_save(step, self.total_steps, self.cfg.trainer.save_freq):
-                        self.save_checkpoint(step)
+        try:
+            self._run_steps(start)
+        except StopRequested as stopped:  # Ctrl-C
+            self._stop_after(stopped.step, can_save=stopped.can_save)
         finish_run(
             self.log,
             self.worker,
@@ -274,7 +273,54 @@ class RLTrainer:
             seconds=time.perf_counter() - run_start,
         )
         self.claim.record_finish(self.total_steps)
-        return last_val
+        return self.last_val
+
+    def _run_steps(self, start: int) -> None:
+        """Steps start+1..total_steps, each logged, then validated and saved where due; after Ctrl-C
+        the loop stops between two steps (StopRequested)."""
+        with StepProgress(self.log.console, total=self.total_steps, start=start) as progress:
+            for step in range(start + 1, self.total_steps + 1):
+                self.stop.check(step - 1)
+                try:
+                    metrics = self.train_step(step)
+                except Exception:
+                    if not self.stop.requested:
+                        raise
+                    # failed after Ctrl-C (a process that took the signal too): nothing of it is kept
+                    raise StopRequested(step - 1, can_save=False) from None
+                self.log.log_metrics(step, metrics)
+                self.log.print_step(step, self.total_steps, metrics)
+                progress.advance(step)
+                self.last_done = step
+                with self.batches.paused(step):  # the producer (if any) generates nothing meanwhile
+                    if self.validates(step):
+                        self.last_val = self.validate(step)
+                    if checkpointing.should_save(step, self.total_steps, self.cfg.trainer.save_freq):
+                        self.save_checkpoint(step)
+            self.stop.check(self.total_steps)
+
+    def _stop_after(self, step: int, *, can_save: bool) -> NoReturn:
+        """Ctrl-C: the run stops after `step`, saved where trainer.save_freq allows checkpoints (and the
+        weights pushed first where trainer.mode=async had not), marked interrupted; one line."""
+        if can_save and self.cfg.trainer.save_freq > 0 and step > self.claim.record["steps_done"]:
+            if self.worker.weight_version != self.version_of(step) + 1:
+                self.batches.push_weights(step, self.version_of(step) + 1, {}, force=True)
+            with self.batches.paused(step):
+                self.save_checkpoint(step)
+        raise RunInterrupted(self._record_interrupt(step))
+
+    def _stopped_at_once(self) -> str:
+        """A second Ctrl-C (the process exits next): mark the run; the line names the newest checkpoint."""
+        return "stopped at once (second Ctrl-C), " + self._record_interrupt(self.last_done)
+
+    def _record_interrupt(self, step: int) -> str:
+        self.claim.record_interrupt(step)
+        done = self.claim.record["steps_done"]  # as of the newest checkpoint
+        path = self.checkpoints.root / f"global_step_{done}"
+        saved = (done, path.absolute()) if done > 0 and path.is_dir() else None
+        return interruption.stopped_line(
+            step=step, total=self.total_steps, saved=saved, save_freq=self.cfg.trainer.save_freq
+        )
 
     def validates(self, step: int) -> bool:
         freq = self.cfg.trainer.test_freq
@@ -335,8 +381,10 @@ class RLTrainer:
             # Pushed during critic warm-up too (the weights did not change): the rollout serves a
             # verified version, never one left asleep or stale (a verl bug). Every step; under
             # trainer.mode=async every k steps, and always before a validation or a checkpoint.
-            due = self.validates(step) or checkpointing.should_save(
-                step, self.total_steps, cfg.trainer.save_freq
+            due = (
+                self.validates(step)
+                or checkpointing.should_save(step, self.total_steps, cfg.trainer.save_freq)
+                or self.stop.requested  # a Ctrl-C checkpoint follows this step
             )
             sync_metrics = self.batches.push_weights(step, trained_version + 1, timings, force=due)
             # Ray: the trained batch's rows leave the TransferQueue (and any dropped before it), not

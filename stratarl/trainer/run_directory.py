@@ -1,9 +1,10 @@
 """Layer 2, control flow: a run directory holds one run (its lineage), written by one process at a time.
 
     run.lock     the process writing the run: pid and host, held with flock while it lives
-    run.json     the lineage: its id, status (running | finished), steps done (as of the newest
-                 checkpoint or the end), and one entry per start ("legs"): when, where, the
-                 command, from which checkpoint, which settings changed
+    run.json     the lineage: its id, status (running | finished | interrupted: stopped by
+                 Ctrl-C at a safe point), steps done (as of the newest checkpoint or the end), and
+                 one entry per start ("legs"): when, where, the command, from which checkpoint,
+                 which settings changed
     config.yaml  the resolved config of the newest accepted start (written only once accepted)
 
 `claim_run_directory` decides, before any worker starts, what a new start may do in its directory:
@@ -182,6 +183,8 @@ class RunClaim:
             "changes": {key: list(change) for key, change in self.changes.items()},
         }
         self.record["legs"].append(leg)
+        for key in ("interrupted", "interrupted_after"):  # of an earlier leg stopped by Ctrl-C
+            self.record.pop(key, None)
         self.record |= {"status": "running", "steps_done": start_step}
         self._write_record()
         if self.changes:
@@ -201,6 +204,12 @@ class RunClaim:
     def record_checkpoint(self, step: int) -> None:
         """Steps done, as of the checkpoint just saved."""
         self.record["steps_done"] = step
+        self._write_record()
+
+    def record_interrupt(self, step: int) -> None:
+        """Stopped by Ctrl-C after `step` (steps_done stays the newest checkpoint's): a start with
+        trainer.resume_mode=auto continues it from that checkpoint."""
+        self.record |= {"status": "interrupted", "interrupted": _now(), "interrupted_after": step}
         self._write_record()
 
     def record_finish(self, last_step: int) -> None:
@@ -282,7 +291,12 @@ def _continued_claim(
 
 def _status(record: dict[str, Any]) -> str:
     """A record's status as a start sees it (the lock was free, so a 'running' run has stopped)."""
-    return {"running": "stopped (unfinished)", "new": "never started"}.get(record.get("status"), "finished")
+    states = {
+        "running": "stopped (unfinished)",
+        "new": "never started",
+        "interrupted": "interrupted (Ctrl-C)",
+    }
+    return states.get(record.get("status"), "finished")
 
 
 def _fresh_claim(run_dir: Path, lock: RunLock, cfg: RunConfig) -> RunClaim:

@@ -27,8 +27,10 @@ from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.loggers import make_sinks
+from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.trainer import builders, preflight
+from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested, stopped_line
 from stratarl.trainer.run_directory import RunClaim, RunLock, claim_run_directory
 from stratarl.trainer.validation import evaluate_accuracy
 from stratarl.transport.batch_edge import lay_out_batch_edge
@@ -120,36 +122,54 @@ def run_sft(
     log_every: int = 10,
     make_batch: Callable[[PromptDataset, list[int], Any], DataProto] | None = None,
     max_tokens: int | None = None,
+    stop: StopRequest | None = None,
 ) -> dict[str, float]:
     """`total_steps` optimizer steps of SFT; the rollout engine is synced at the end. `make_batch`
     lays out the examples (default `sft_batch`; multi-turn: `agent_sft.agent_sft_batch`). An example
-    longer than `max_tokens` (sft.max_tokens) stops the run, naming it, before that step trains."""
+    longer than `max_tokens` (sft.max_tokens) stops the run, naming it, before that step trains.
+    `stop`: once Ctrl-C asked, StopRequested between two steps (after the last, the run completes)."""
     sampler = PromptSampler(len(dataset), batch_size=examples_per_step, seed=seed)
     metrics: dict[str, float] = {}
-    for step in range(1, total_steps + 1):
-        indices = sampler.next_batch()
-        batch = (make_batch or sft_batch)(dataset, indices, tokenizer)
-        lengths = batch["attention_mask"].sum(-1)
-        if max_tokens is not None and int(lengths.max()) > max_tokens:
-            item = dataset[indices[int(lengths.argmax())]]
-            raise ValueError(
-                f"sft.max_tokens={max_tokens}: {item.source_file} row {item.source_row} is "
-                f"{int(lengths.max())} tokens as an SFT example (step {step}); raise sft.max_tokens"
-            )
-        metrics = worker.update_actor(batch, sft_loss, mini_batch_size=len(batch))
-        metrics = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in metrics.items()}
-        log.log_metrics(step, metrics, phase="sft")
-        if step % log_every == 0 or step == total_steps:
-            log.console.print(f"[bold]sft step {step}/{total_steps}[/bold]  loss={metrics['sft/loss']:.4f}")
+    with StepProgress(log.console, total=total_steps, label="sft") as progress:
+        for step in range(1, total_steps + 1):
+            if stop is not None:
+                stop.check(step - 1)
+            indices = sampler.next_batch()
+            batch = (make_batch or sft_batch)(dataset, indices, tokenizer)
+            _check_example_lengths(batch, dataset, indices, max_tokens, step)
+            metrics = worker.update_actor(batch, sft_loss, mini_batch_size=len(batch))
+            metrics = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in metrics.items()}
+            log.log_metrics(step, metrics, phase="sft")
+            if step % log_every == 0 or step == total_steps:
+                log.console.print(
+                    f"[bold]sft step {step}/{total_steps}[/bold]  loss={metrics['sft/loss']:.4f}"
+                )
+            progress.advance(step)
     worker.sync_weights()
     return metrics
 
 
-def sft_from_config(cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None) -> dict[str, Any]:
+def _check_example_lengths(
+    batch: DataProto, dataset: PromptDataset, indices: list[int], max_tokens: int | None, step: int
+) -> None:
+    lengths = batch["attention_mask"].sum(-1)
+    if max_tokens is not None and int(lengths.max()) > max_tokens:
+        item = dataset[indices[int(lengths.argmax())]]
+        raise ValueError(
+            f"sft.max_tokens={max_tokens}: {item.source_file} row {item.source_row} is "
+            f"{int(lengths.max())} tokens as an SFT example (step {step}); raise sft.max_tokens"
+        )
+
+
+def sft_from_config(
+    cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None, stop: StopRequest | None = None
+) -> dict[str, Any]:
     """`stratarl sft`: SFT on data.train_files with the `sft` settings; greedy accuracy on
     data.val_files before and after; the result saved HF-loadable in run_dir/final, the summary in
     run_dir/summary.json. The run directory must be empty (or trainer.overwrite): SFT never resumes.
-    The inputs are checked (`preflight`) before the model loads."""
+    The inputs are checked (`preflight`) before the model loads. With `stop` (the CLI's) Ctrl-C
+    stops after the step that runs, marks the run interrupted and raises RunInterrupted (nothing
+    is saved: SFT keeps no checkpoints)."""
     console, t = console or Console(), cfg.trainer
     with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
         lock = RunLock(run_dir).acquire()
@@ -170,17 +190,37 @@ def sft_from_config(cfg: RunConfig, run_dir: str | Path, *, console: Console | N
         )
         log.attach(sinks)
         cleanup.callback(log.close)
-        return _sft_run(cfg, claim, log, tokenizer, train_set, val_set)
+        steps = sft_steps(cfg, len(train_set))
+        if stop is not None:
+            cleanup.enter_context(stop.armed(lambda: _stopped_at_once(claim, log, steps)))
+        try:
+            return _sft_run(cfg, claim, log, tokenizer, train_set, val_set, steps, stop)
+        except StopRequested as stopped:
+            claim.record_interrupt(stopped.step)
+            raise RunInterrupted(_stopped_line(stopped.step, steps)) from None
+
+
+def sft_steps(cfg: RunConfig, num_examples: int) -> int:
+    """sft.total_steps, else sft.total_epochs passes over the examples."""
+    s = cfg.sft
+    return s.total_steps or s.total_epochs * max(1, num_examples // s.trajectories_per_step)
+
+
+def _stopped_line(step: int, total: int) -> str:
+    return stopped_line(step=step, total=total, saved=None, save_freq=0, resumable=False)
+
+
+def _stopped_at_once(claim: RunClaim, log: RunLog, total: int) -> str:
+    done = max((int(r["step"]) for r in log.history if r["phase"] == "sft"), default=0)
+    claim.record_interrupt(done)
+    return "stopped at once (second Ctrl-C), " + _stopped_line(done, total)
 
 
 def _sft_run(
     cfg: RunConfig, claim: RunClaim, log: RunLog, tokenizer: Any, train_set: PromptDataset,
-    val_set: PromptDataset | None,
+    val_set: PromptDataset | None, steps: int, stop: StopRequest | None,
 ) -> dict[str, Any]:  # fmt: skip
     run_dir, start = claim.run_dir, time.perf_counter()
-    steps = cfg.sft.total_steps or cfg.sft.total_epochs * max(
-        1, len(train_set) // cfg.sft.trajectories_per_step
-    )
     worker = sft_worker(cfg, tokenizer, steps)
 
     def accuracy(step: int) -> float:
@@ -196,7 +236,7 @@ def _sft_run(
     before = accuracy(0)
     run_sft(
         worker, train_set, tokenizer, examples_per_step=cfg.sft.trajectories_per_step, total_steps=steps,
-        seed=cfg.trainer.seed, log=log, max_tokens=cfg.sft.max_tokens,
+        seed=cfg.trainer.seed, log=log, max_tokens=cfg.sft.max_tokens, stop=stop,
     )  # fmt: skip
     after = accuracy(steps)
     final = (run_dir / "final").absolute()

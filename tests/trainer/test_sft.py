@@ -108,7 +108,7 @@ def sft_output(task, monkeypatch, capsys, recipe, *overrides) -> str:
     from stratarl import cli
     from stratarl.trainer import sft
 
-    monkeypatch.setattr(sft, "sft_from_config", lambda cfg, run_dir, console: {})
+    monkeypatch.setattr(sft, "sft_from_config", lambda cfg, run_dir, console, stop=None: {})
     paths = [f"data.train_files=['{task['train']}']", f"model.path={task['model']}"]
     assert cli.main(["sft", str(recipe), *paths, *overrides]) == 0
     return capsys.readouterr().out
