@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from stratarl import cli_help
+
 EXIT_USAGE = 2  # config and input errors, as argparse exits on a bad command line
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
@@ -172,7 +174,11 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _add_observe_commands(commands: argparse._SubParsersAction) -> None:
     """`trace`, `doctor` and `plot`: read a run directory (finished or still running)."""
-    trace = commands.add_parser("trace", help="the ten questions answered for one trajectory of a run")
+    trace = commands.add_parser(
+        "trace",
+        help="the ten questions answered for one trajectory of a run",
+        **_epilog(cli_help.observe_epilog("trace")),
+    )
     trace.add_argument("run", help="run directory (or a quickstart directory: its grpo/ run)")
     trace.add_argument("--step", type=int, help="training step (default: the last traced step)")
     pick = trace.add_mutually_exclusive_group()
@@ -187,21 +193,36 @@ def _add_observe_commands(commands: argparse._SubParsersAction) -> None:
     trace.add_argument("--field", help="follow a batch field through the phases, e.g. old_log_probs")
     trace.set_defaults(handler=_trace)
 
-    doctor = commands.add_parser("doctor", help="what is wrong with a run, and in which layer")
+    doctor = commands.add_parser(
+        "doctor",
+        help="what is wrong with a run, and in which layer",
+        **_epilog(cli_help.observe_epilog("doctor")),
+    )
     doctor.add_argument("run", help="run directory (or a quickstart directory: its grpo/ run)")
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
     doctor.set_defaults(handler=_doctor)
 
     plot = commands.add_parser(
-        "plot", help="PNG curves of a run (reward, KL, entropy, lengths, times, staleness)"
+        "plot",
+        help="PNG curves of a run (reward, KL, entropy, lengths, times, staleness)",
+        **_epilog(cli_help.observe_epilog("plot")),
     )
     plot.add_argument("run", help="run directory (or a quickstart directory: its grpo/ run)")
     plot.add_argument("--out", help="folder for the PNGs (default: RUN/plots)")
     plot.set_defaults(handler=_plot)
 
 
+def _epilog(text: str) -> dict:
+    """add_parser's keywords for an epilog printed as written (`cli_help`)."""
+    return {"epilog": text, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stratarl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="stratarl",
+        description=__doc__.splitlines()[0],
+        **_epilog("Each command's --help names its main settings; every setting: docs/config.md."),
+    )
     debug = argparse.ArgumentParser(add_help=False)  # --debug before or after the subcommand
     debug.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error"
@@ -213,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quickstart",
         parents=[debug],
         help="data + tiny model, SFT, then GRPO; reports held-out accuracy (what `make demo` runs)",
+        **_epilog(cli_help.quickstart_epilog()),
     )
     quick.add_argument("--run-dir", help="where everything is written (default runs/quickstart-<time>)")
     quick.add_argument("--seed", type=int, default=0)
@@ -229,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     quick.set_defaults(handler=_quickstart)
 
     train = commands.add_parser(
-        "train", parents=[debug], help="RL training from a recipe: stratarl train RECIPE [key=value ...]"
+        "train",
+        parents=[debug],
+        help="RL training from a recipe: stratarl train RECIPE [key=value ...]",
+        **_epilog(cli_help.train_epilog()),
     )
     train.add_argument("recipe", help="YAML recipe (overrides of the defaults in docs/config.md)")
     train.add_argument(
@@ -241,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sft",
         parents=[debug],
         help="supervised warm-start from a recipe: stratarl sft RECIPE [key=value ...]",
+        **_epilog(cli_help.sft_epilog()),
     )
     sft.add_argument("recipe", help="YAML recipe; uses data.*, model.*, sft.* and rollout.val_kwargs")
     sft.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. sft.total_steps=200")
@@ -250,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         "init",
         parents=[debug],
         help="your own task: a tokenizer, a tiny model and a starter recipe for verl-schema parquet",
+        **_epilog(cli_help.init_epilog()),
     )
     init.add_argument("train", nargs="+", help="training parquet file(s) in verl's schema")
     init.add_argument("--val", nargs="*", default=[], help="validation parquet file(s)")
@@ -262,7 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--model", help="an HF model directory to use instead of a new tiny model")
     init.set_defaults(handler=_init)
 
-    data = commands.add_parser("data", help="write synthetic tasks as verl-schema parquet")
+    data = commands.add_parser(
+        "data", help="write synthetic tasks as verl-schema parquet", **_epilog(cli_help.data_epilog())
+    )
     data_commands = data.add_subparsers(dest="data_command", required=True)
     make = data_commands.add_parser("make", help="make a dataset")
     make_tasks = make.add_subparsers(dest="task", required=True)
@@ -273,21 +302,26 @@ def build_parser() -> argparse.ArgumentParser:
         "tool_arithmetic": (tool_arithmetic, "multiplication that needs a calculator tool, with tools.yaml"),
     }
     for name, (module, help_text) in tasks.items():
-        task = make_tasks.add_parser(name, help=help_text)
+        task = make_tasks.add_parser(name, help=help_text, **_epilog(cli_help.data_epilog()))
         module.add_arguments(task)
         task.set_defaults(handler=_data, task_module=module)
 
-    model = commands.add_parser("model", help="prepare model directories")
+    model = commands.add_parser("model", help="prepare model directories", **_epilog(cli_help.model_epilog()))
     model_commands = model.add_subparsers(dest="model_command", required=True)
     gguf = model_commands.add_parser(
         "import-gguf",
         help="a GGUF causal LM as a plain HF directory (float32), checked greedy-equal to the GGUF",
+        **_epilog(cli_help.model_epilog()),
     )
     gguf.add_argument("gguf", help="the .gguf file (needs the gguf package)")
     gguf.add_argument("out", help="directory to write (config, safetensors, tokenizer, chat template)")
     gguf.set_defaults(handler=_import_gguf)
 
-    explain = commands.add_parser("explain-field", help="print the contract of a standard batch field")
+    explain = commands.add_parser(
+        "explain-field",
+        help="print the contract of a standard batch field",
+        **_epilog(cli_help.explain_field_epilog()),
+    )
     explain.add_argument("name", help="field name, e.g. response_mask")
     explain.set_defaults(handler=_explain_field)
     _add_observe_commands(commands)

@@ -203,3 +203,83 @@ def test_the_quickstart_refuses_a_run_dir_that_is_not_empty(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["quickstart", "--run-dir", str(tmp_path)]) == 2
     assert "it is not empty" in capsys.readouterr().err
+
+
+HELP_NAMES = {
+    "train": [
+        "trainer.total_steps",
+        "rollout.n",
+        "actor.lr",
+        "model.path",
+        "data.train_files",
+        "trainer.save_freq",
+    ],
+    "sft": ["sft.total_steps", "sft.lr", "model.path", "data.train_files"],
+    "quickstart": ["sft.total_steps", "trainer.total_steps", "rollout.n"],
+    "init": ["--val", "--reward", "docs/own_task.md"],
+    "trace": ["--worst", "docs/debugging.md"],
+    "doctor": ["--json", "docs/debugging.md"],
+    "plot": ["--out"],
+    "data make arithmetic": ["data.train_files"],
+    "model import-gguf": ["model.path="],
+    "explain-field": ["docs/fields.md"],
+}
+
+
+@pytest.mark.parametrize("command", list(HELP_NAMES))
+def test_every_command_help_names_its_main_settings_and_points_to_the_config_docs(command, capsys):
+    """Was: `train --help` said only "recipe" and "overrides"."""
+    with pytest.raises(SystemExit):
+        main([*command.split(), "--help"])
+    out = capsys.readouterr().out
+    assert "docs/config.md" in out
+    assert all(name in out for name in HELP_NAMES[command]), out
+    if command in ("train", "sft", "init"):  # every recipe file, by path
+        assert all(f"recipes/{path.name}" in out for path in RECIPES.glob("*.yaml")), out
+
+
+def test_every_setting_the_help_names_is_a_config_key():
+    from stratarl import cli_help
+    from stratarl.config import load_config
+
+    settings = [*cli_help.TRAIN_SETTINGS, *cli_help.SFT_SETTINGS, *cli_help.QUICKSTART_SETTINGS]
+    for setting, _ in settings:
+        key, value = setting.split("=", 1)
+        if value in ("DIR", "NAME"):
+            value = "x"
+        load_config(None, [f"{key}={value}"])  # a ConfigError names an unknown key or a bad value
+
+
+def test_help_imports_neither_torch_nor_transformers():
+    code = (
+        "import sys\n"
+        "from stratarl.cli import main\n"
+        "for command in (['train'], ['sft'], ['init'], ['doctor'], []):\n"
+        "    try:\n"
+        "        main([*command, '--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_a_parquet_missing_a_column_is_one_line_per_problem_printed_once(tiny_task, tmp_path, capsys):
+    """Was: one message per row (five, then "... and 1995 more"), the block printed twice, and a
+    missing data_source read "got NoneType None"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stratarl.data.schema import read_rows
+
+    row = read_rows(tiny_task["train"])[0]
+    rows = [{**row, "data_source": None if i < 10 else row["data_source"]} for i in range(2000)]
+    bad = tmp_path / "no_reward_model.parquet"
+    pq.write_table(pa.Table.from_pylist(rows).drop_columns(["reward_model"]), bad)
+    assert main(["train", *small_run(tiny_task, tmp_path, f"data.train_files=[{bad}]")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("malformed:") == 2 and err.count("2000 rows from 1 file(s)") == 1, err
+    assert f"malformed: data_source is missing (null): 10 rows ({bad} rows 0, 1, 2, 3, 4, …)" in err
+    assert f"malformed: reward_model column is missing: 1990 rows ({bad} rows 10, 11, 12, 13, 14, …)" in err
+    assert "NoneType" not in err and "more malformed" not in err and "Traceback" not in err
