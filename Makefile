@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup sandbox-tools demo test test-slow test-parity test-vllm real-model test-real test-gpu gpu-bundle gpu-check bench lint format clean
+.PHONY: setup sandbox-tools demo test test-slow test-slow-ci test-parity test-vllm real-model test-real test-gpu gpu-bundle gpu-check bench lint format clean
 
 setup: $(STAMP) sandbox-tools
 
@@ -37,6 +37,12 @@ test: $(STAMP) sandbox-tools
 
 test-slow: $(STAMP) sandbox-tools
 	$(PY) -m pytest -q -m slow
+
+# CI's slow tier (.ci/run runs it after `make test`): every slow test but the `long` ones — the Ray
+# trainer with checkpoints and resume, SIGKILL and resume, one quickstart seed, two nodes, the watchdog
+# on Ray (README, "Test tiers"). A new slow test joins it unless it is marked long.
+test-slow-ci: $(STAMP) sandbox-tools
+	$(PY) -m pytest -q -m "slow and not long"
 
 # Compares stratarl/algo with the real verl 0.9.1 (docs/algorithms/parity.md). --no-deps: verl's own
 # requirements would replace torch and transformers; its math imports need only these two extras.

@@ -26,6 +26,7 @@ def test_the_recipe_enables_the_agent_loop_and_validates():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_grpo_with_the_tool_beats_the_sft_checkpoint(tmp_path):
     summary = run_tool_quickstart(tmp_path, seed=0)
     assert summary["accuracy_greedy_after_grpo"] > summary["accuracy_greedy_after_sft"], summary
