@@ -31,9 +31,14 @@ def load_config(recipe: str | Path | None = None, overrides: Sequence[str] = ())
     layers = _read_recipe(Path(recipe)) if recipe is not None else []
     problems: list[ConfigProblem] = []
     layers.append(_parse_overrides(overrides, problems))
-    user = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=False)
-    known = _known_part(user, "", problems)
-    cfg = _merge_typed(known, problems)
+    return load_config_data(OmegaConf.to_container(OmegaConf.merge(*layers), resolve=False), problems)
+
+
+def load_config_data(data: dict, problems: Sequence[ConfigProblem] = ()) -> RunConfig:
+    """The typed RunConfig from nested plain data over the schema defaults (a translated verl command
+    line, `stratarl verl`); unknown keys and wrong types raised together with `problems`."""
+    problems = list(problems)
+    cfg = _merge_typed(_known_part(data, "", problems), problems)
     if problems:
         raise ConfigError(problems)
     return cfg
