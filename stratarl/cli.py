@@ -58,14 +58,37 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides)
     validate_config(cfg)  # config and path mistakes before torch loads (seconds; 14 s on a busy CPU)
+    return _fit(cfg)
+
+
+def _fit(cfg, on_claimed=None) -> int:
+    """RL training of a validated config; `on_claimed(run_dir)` runs once the run directory is ours."""
     from stratarl.trainer.interruption import StopRequest
     from stratarl.trainer.rl_trainer import RLTrainer
     from stratarl.trainer.run_directory import default_run_dir
 
     # The same on every launch: running the command again resumes the run from its newest
     # checkpoint (trainer.resume_mode=auto), as verl's default_local_dir does.
-    RLTrainer(cfg, default_run_dir(cfg)).fit(stop=StopRequest())
+    run_dir = default_run_dir(cfg)
+    trainer = RLTrainer(cfg, run_dir)
+    if on_claimed is not None:
+        on_claimed(run_dir)
+    trainer.fit(stop=StopRequest())
     return 0
+
+
+def _verl(args: argparse.Namespace) -> int:
+    from stratarl.config.batch_plan import BatchPlan
+    from stratarl.config.verl_translation import load_verl_config
+
+    cfg, translation = load_verl_config(
+        args.overrides, config_path=args.config_path, config_name=args.config_name
+    )  # refused keys and config mistakes in verl's names and ours, before torch loads
+    if args.dry_run:
+        print("\n".join(translation.lines()))
+        print(BatchPlan.from_config(cfg).to_text())
+        return 0
+    return _fit(cfg, on_claimed=lambda run_dir: translation.write(run_dir, args.overrides))
 
 
 def _sft(args: argparse.Namespace) -> int:
@@ -262,6 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(handler=_train)
 
+    verl = commands.add_parser(
+        "verl",
+        parents=[debug],
+        help="a verl command line (verl.trainer.main_ppo's KEY=VALUE ...) from verl's defaults, trained here",
+        **_epilog(cli_help.verl_epilog()),
+    )
+    verl.add_argument("--config-path", "-cp", help="directory of a verl YAML config (Hydra's --config-path)")
+    verl.add_argument("--config-name", "-cn", help="its name, without .yaml; default: verl's ppo_trainer")
+    verl.add_argument("--dry-run", action="store_true", help="print the translation and the batch plan only")
+    verl.add_argument("overrides", nargs="*", help="Hydra overrides: key=value, +key=value, ~key")
+    verl.set_defaults(handler=_verl)
+
     sft = commands.add_parser(
         "sft",
         parents=[debug],
@@ -341,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInterrupted as err:  # stopped at a safe point: the line says what is saved
         return _report(args, err, EXIT_INTERRUPTED)
     except KeyboardInterrupt as err:  # before a run's steps began, or a command that has none
-        nothing = "; nothing of this start is saved" if args.command in ("train", "sft") else ""
+        nothing = "; nothing of this start is saved" if args.command in ("train", "sft", "verl") else ""
         return _report(args, err, EXIT_INTERRUPTED, message=f"interrupted (Ctrl-C){nothing}")
     except OSError as err:
         from stratarl.engine.checkpoint import CheckpointWriteError

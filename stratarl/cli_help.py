@@ -85,6 +85,29 @@ def train_epilog() -> str:
     )
 
 
+def verl_epilog() -> str:
+    return _join(
+        [
+            "example (the form of verl's examples/ scripts):",
+            "  stratarl verl algorithm.adv_estimator=grpo data.train_files=[a.parquet] "
+            "data.val_files=[b.parquet] \\",
+            "      data.train_batch_size=32 actor_rollout_ref.model.path=DIR actor_rollout_ref.rollout.n=8 "
+            "\\",
+            "      actor_rollout_ref.actor.ppo_mini_batch_size=16 "
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \\",
+            "      actor_rollout_ref.rollout.name=vllm trainer.n_gpus_per_node=1 trainer.nnodes=1 "
+            "trainer.total_training_steps=2",
+        ],
+        [
+            "It starts from verl 0.9.1's defaults (not ours). Every verl key is translated, accepted as "
+            "having",
+            "no effect here, or refused unless it holds verl's default; RUN/verl_translation.json records "
+            "it.",
+            "The table and what is refused: docs/config.md#running-a-verl-command-line.",
+        ],
+    )
+
+
 def sft_epilog() -> str:
     return _join(
         _settings(SETTINGS_TITLE, SFT_SETTINGS),

@@ -21,6 +21,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
         [],
         ["quickstart"],
         ["train"],
+        ["verl"],
         ["sft"],
         ["init"],
         ["data", "make", "arithmetic"],
@@ -215,6 +216,7 @@ HELP_NAMES = {
         "trainer.save_freq",
     ],
     "sft": ["sft.total_steps", "sft.lr", "model.path", "data.train_files"],
+    "verl": ["data.train_batch_size", "actor_rollout_ref.model.path", "--dry-run", "verl_translation.json"],
     "quickstart": ["sft.total_steps", "trainer.total_steps", "rollout.n"],
     "init": ["--val", "--reward", "docs/own_task.md"],
     "trace": ["--worst", "docs/debugging.md"],
@@ -254,7 +256,7 @@ def test_help_imports_neither_torch_nor_transformers():
     code = (
         "import sys\n"
         "from stratarl.cli import main\n"
-        "for command in (['train'], ['sft'], ['init'], ['doctor'], []):\n"
+        "for command in (['train'], ['verl'], ['sft'], ['init'], ['doctor'], []):\n"
         "    try:\n"
         "        main([*command, '--help'])\n"
         "    except SystemExit:\n"
