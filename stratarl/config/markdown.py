@@ -14,6 +14,7 @@ from pathlib import Path
 
 from stratarl.config.schema_run import RunConfig
 from stratarl.config.setting import SectionInfo, SettingInfo, type_name, walk_settings
+from stratarl.config.verl_markdown import render_verl_section
 
 INTRO = """\
 # Configuration reference
@@ -58,7 +59,8 @@ choice this build lacks (`rollout.backend=sglang`, `vllm` without vLLM installed
 without CUDA) stops the run before anything loads.
 
 The **verl** column names the verl key a setting corresponds to, for porting verl scripts; writing
-a verl key here is an error whose message gives our name for it.
+a verl key here is an error whose message gives our name for it. A verl command line runs as it is
+with `stratarl verl` ([Running a verl command line](#running-a-verl-command-line), at the end).
 """
 
 
@@ -94,6 +96,7 @@ def render_config_markdown() -> str:
     for info in walk_settings(RunConfig):
         if isinstance(info, SectionInfo) and "." not in info.key:
             lines += _section(info.key, info.cls, info.doc, level=2)
+    lines += render_verl_section()
     return "\n".join(lines).rstrip() + "\n"
 
 
