@@ -3,8 +3,8 @@ know of them, without importing torch.
 
 `stratarl train` checks a recipe before torch loads (importing it takes seconds, 14 s on a loaded
 2-core machine), so a typo in a name is reported at once. The registries beside the code
-(`ADVANTAGE_ESTIMATORS`, `POLICY_LOSSES`, `LOSS_AGGREGATIONS`, `KL_ESTIMATORS`, `KL_CONTROLLERS`)
-stay the truth; tests/algo/test_catalog.py fails when this file and they disagree.
+(`ADVANTAGE_ESTIMATORS`, `POLICY_LOSSES`, `LOSS_AGGREGATIONS`, `KL_ESTIMATORS`, `KL_CONTROLLERS`,
+`PF_PPO_WEIGHTS`) stay the truth; tests/algo/test_catalog.py fails when this file and they disagree.
 """
 
 from __future__ import annotations
@@ -60,3 +60,6 @@ _KL_BASE_NAMES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 KL_ESTIMATOR_NAMES = (*_KL_BASE_NAMES, *(name + "+" for name in _KL_BASE_NAMES))
 
 KL_CONTROLLER_NAMES = ("fixed", "adaptive")
+
+# PF-PPO's weightings of a trajectory's score (`algo/policy_filtration.py`, verl's reweight_method).
+PF_PPO_REWEIGHT_METHODS = ("pow", "max_min", "max_random")

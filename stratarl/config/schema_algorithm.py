@@ -1,4 +1,5 @@
-"""Layer 1, config: how rewards become advantages — `algorithm.*` (estimator, discounting, in-reward KL).
+"""Layer 1, config: how rewards become advantages — `algorithm.*` (estimator, discounting, in-reward KL,
+and which trajectories are trained on: dynamic sampling, PF-PPO, rollout correction).
 
 The names of estimators and KL estimators are those of the registries in `stratarl/algo/`;
 `validate_config` checks them there, so a new estimator needs no change here.
@@ -43,6 +44,21 @@ class FilterGroupsConfig:
         10,
         "most generation rounds per step before training on what was kept; 0: no cap",
         verl="algorithm.filter_groups.max_num_gen_batches",
+    )
+
+
+@dataclass
+class PFPPOConfig:
+    """PF-PPO (arXiv:2409.06957): after the advantage, N rows redrawn with replacement by score weights."""
+
+    reweight_method: str = setting(
+        "pow",
+        "weight of a trajectory of score R: pow |R|^weight_pow; max_min 1 at the batch's max or min "
+        "score, else 0; max_random 0.4 at the max, else 0.1 (algo.policy_filtration.PF_PPO_WEIGHTS)",
+        verl="algorithm.pf_ppo.reweight_method",
+    )
+    weight_pow: float = setting(
+        2.0, "pow: the exponent p of |R|^p (unitless, ≥ 0)", verl="algorithm.pf_ppo.weight_pow"
     )
 
 
@@ -119,6 +135,13 @@ class AlgorithmConfig:
         [], "gdpo: weight of each component; empty: equal weights", verl="algorithm.gdpo_reward_weights"
     )
     filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO dynamic sampling")
+    use_pf_ppo: bool = setting(
+        False,
+        "PF-PPO: train on N trajectories redrawn by weights of their scores (algorithm.pf_ppo), after "
+        "the advantage; with every estimator (verl 0.9.1 applies it with gae only)",
+        verl="algorithm.use_pf_ppo",
+    )
+    pf_ppo: PFPPOConfig = section(PFPPOConfig, "PF-PPO's weighting of a trajectory's score")
     rollout_correction: RolloutCorrectionConfig = section(
         RolloutCorrectionConfig, "importance weights and rejection for rollout/trainer mismatch"
     )

@@ -67,6 +67,7 @@ RANGES: dict[str, Rule] = {
     "algorithm.gamma": UNIT_INTERVAL,
     "algorithm.lam": UNIT_INTERVAL,
     "algorithm.kl_ctrl.kl_coef": NON_NEGATIVE,
+    "algorithm.pf_ppo.weight_pow": NON_NEGATIVE,  # a negative power gives a score of 0 infinite weight
     "reward.timeout_s": POSITIVE,
     "trainer.total_steps": NULL_OR_POSITIVE,
     "trainer.total_epochs": POSITIVE,
@@ -133,6 +134,7 @@ def registries() -> dict[str, tuple[str, Collection[str]]]:
         "actor.kl_loss_type": ("KL estimator", catalog.KL_ESTIMATOR_NAMES),
         "algorithm.kl_penalty": ("KL estimator", catalog.KL_ESTIMATOR_NAMES),
         "algorithm.kl_ctrl.type": ("KL controller", catalog.KL_CONTROLLER_NAMES),
+        "algorithm.pf_ppo.reweight_method": ("PF-PPO reweight method", catalog.PF_PPO_REWEIGHT_METHODS),
     }
 
 
@@ -247,6 +249,14 @@ def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
             ("sft.trajectories_per_step", "sft.trajectories_per_micro_batch"),
             f"sft.trajectories_per_step={sft.trajectories_per_step} is not divisible by "
             f"sft.trajectories_per_micro_batch={sft.trajectories_per_micro_batch}",
+        ),
+        (
+            cfg.algorithm.use_pf_ppo
+            and cfg.cluster.backend == "ray"
+            and cfg.cluster.transfer_queue_units > 0,
+            ("algorithm.use_pf_ppo", "cluster.backend", "cluster.transfer_queue_units"),
+            "PF-PPO draws rows more than once, and a TransferQueue row key must be unique: set "
+            "cluster.transfer_queue_units=0 (batches through the controller) on Ray",
         ),
     ]
     return [ConfigProblem(keys, message) for fails, keys, message in checks if fails]
@@ -379,6 +389,12 @@ def keyed_warnings(cfg: RunConfig) -> list[ConfigProblem]:
             ("reward.in_process",),
             "reward.in_process=true: scorers run in the trainer's process without a deadline; one that "
             "hangs, exits or crashes stops the run",
+        ),
+        (
+            cfg.algorithm.use_pf_ppo and cfg.algorithm.adv_estimator != "gae",
+            ("algorithm.use_pf_ppo", "algorithm.adv_estimator"),
+            f"algorithm.use_pf_ppo=true resamples the batch with {cfg.algorithm.adv_estimator!r}; verl 0.9.1 "
+            "applies PF-PPO only with gae and ignores it for other estimators",
         ),
         (
             bool(forced) and forced != cfg.actor.loss_agg_mode,

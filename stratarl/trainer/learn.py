@@ -1,13 +1,14 @@
 """Layer 2, control flow: the learning half of a step — docs/design.md#one-step after the reward.
 
-    old log-prob -> (ref log-prob) -> (values) -> (rollout correction) -> advantage
+    old log-prob -> (ref log-prob) -> (values) -> (rollout correction) -> advantage -> (PF-PPO)
                  -> critic update -> actor update
 
 `StepLearner.prepare` computes what the losses read (π_old, π_ref, V, the correction's weights,
-advantages); `update_critic` and `update_actor` run the optimizer steps, each phase under the run's
-`PhaseMonitor`. When π_old comes from the update's own forward (`on_policy`), `prepare` skips the
-old-log-prob forward and `update_actor` writes the columns that forward computed. The trainer
-(`rl_trainer.RLTrainer.train_step`) calls them in that order and owns everything around them.
+advantages, and with PF-PPO the rows redrawn by score); `update_critic` and `update_actor` run the
+optimizer steps, each phase under the run's `PhaseMonitor`. When π_old comes from the update's own
+forward (`on_policy`), `prepare` skips the old-log-prob forward and `update_actor` writes the columns
+that forward computed. The trainer (`rl_trainer.RLTrainer.train_step`) calls them in that order and
+owns everything around them.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class StepLearner:
     def prepare(
         self, batch: DataProto, timings: dict[str, float], step: int
     ) -> tuple[DataProto, dict[str, float]]:
-        """Old and reference log-probs, rollout correction, then advantages."""
+        """Old and reference log-probs, rollout correction, advantages, then PF-PPO's resampling."""
         cfg, metrics, rows = self.cfg, {}, len(batch)
         correction, settings = cfg.algorithm.rollout_correction, training_modes.correction_settings(cfg)
         if correction.bypass_mode:
@@ -95,6 +96,15 @@ class StepLearner:
                 kl_in_reward=(self.kl_ctrl.value, cfg.algorithm.kl_penalty) if self.kl_ctrl else None,
                 component_keys=cfg.algorithm.gdpo_reward_keys,
             )
+            if cfg.algorithm.use_pf_ppo:  # inside `adv`, as in verl's compute_advantage
+                pf = cfg.algorithm.pf_ppo
+                batch, pf_metrics = sampling_phases.resample_by_score(
+                    batch,
+                    reweight_method=pf.reweight_method,
+                    weight_pow=pf.weight_pow,
+                    seed=self.step_seed(step) + 2,  # +1 is the critic's shuffle
+                )
+                adv_metrics |= pf_metrics
         return batch, metrics | adv_metrics
 
     def update_critic(self, batch: DataProto, step: int, timings: dict[str, float]) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """Layer 2, control flow: phases that decide *which* trajectories a step trains on.
 
 DAPO's dynamic sampling (drop groups without learning signal, keep generating), ReMax's greedy
-baseline rollout, and rollout correction in decoupled and bypass modes (verl's
-`compute_rollout_correction_and_add_to_batch` / `apply_bypass_mode`).
+baseline rollout, PF-PPO's resampling by score after the advantage, and rollout correction in
+decoupled and bypass modes (verl's `compute_rollout_correction_and_add_to_batch` / `apply_bypass_mode`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from stratarl.algo.groups import group_ids_from_uids
+from stratarl.algo.policy_filtration import pf_ppo_resample
 from stratarl.algo.rollout_correction import rollout_correction
 from stratarl.cluster.handles import PolicyHandle
 from stratarl.rollout.interface import SamplingParams
@@ -58,6 +59,21 @@ def greedy_baselines(
     scored = score_fn(greedy)
     baselines = scored["token_level_scores"].sum(-1).repeat_interleave(n)  # [N]
     return batch.union(DataProto.from_dict({"reward_baselines": baselines}))
+
+
+def resample_by_score(
+    batch: DataProto, *, reweight_method: str, weight_pow: float, seed: int
+) -> tuple[DataProto, dict[str, float]]:
+    """PF-PPO (`algorithm.use_pf_ppo`): the N rows the update trains on, drawn with replacement by
+    weights of Σ token_level_scores, each with the advantage computed on the whole batch (verl
+    resamples at the end of its `compute_advantage`). Seeded per step, so a rerun draws the same rows."""
+    validate(batch, reads=["token_level_scores", "advantages"], phase="advantage")
+    scores = trajectory_metric(batch, "score")
+    generator = torch.Generator(device=scores.device).manual_seed(seed)
+    rows = pf_ppo_resample(
+        scores=scores, reweight_method=reweight_method, weight_pow=weight_pow, generator=generator
+    )
+    return batch.take(rows), {"batch/pf_ppo_distinct_rows": float(rows.unique().numel())}
 
 
 def apply_decoupled_correction(

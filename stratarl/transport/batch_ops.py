@@ -1,9 +1,9 @@
 """Layer 4, data transport: operations that reshape a batch along its row dim.
 
 `BatchOps` is mixed into `DataProto`: chunk/split for data-parallel ranks and mini-batches,
-concat to gather them back, repeat for the n samples of a prompt, reorder for balancing,
-pad_to_divisor/unpad for dispatch over ranks that need equal shares, and a seeded mini-batch
-iterator. Every method returns new batches; none edits its input.
+concat to gather them back, repeat for the n samples of a prompt (repeat_rows: each row its own
+number of times), reorder for balancing, pad_to_divisor/unpad for dispatch over ranks that need
+equal shares, and a seeded mini-batch iterator. Every method returns new batches; none edits its input.
 
 Chunks follow `numpy.array_split`: k chunks whose sizes differ by at most one, the remainder going
 to the first chunks (the same rule as `KVBatchMeta.chunk`, so data and references split alike).
@@ -70,6 +70,16 @@ class BatchOps:
             raise ValueError(f"repeat needs n >= 1, got {n}")
         rows = np.arange(len(self))
         return self.take(np.repeat(rows, n) if interleave else np.tile(rows, n))
+
+    def repeat_rows(self: B, times: Sequence[int] | np.ndarray | Tensor) -> B:
+        """Row i times[i] times, in row order: times [2, 0, 3] give [a, a, c, c, c] (verl's
+        `sample_level_repeat`). `times` holds N counts ≥ 0; meta_info is kept."""
+        counts = np.asarray(times.cpu() if isinstance(times, Tensor) else times)
+        if counts.shape != (len(self),) or (counts.size and counts.dtype.kind not in "iu"):
+            raise ValueError(f"repeat_rows needs {len(self)} integer counts, got {counts.tolist()}")
+        if (counts < 0).any():
+            raise ValueError(f"repeat_rows needs counts >= 0, got {counts.tolist()}")
+        return self.take(np.repeat(np.arange(len(self)), counts.astype(np.int64)))
 
     def reorder(self: B, permutation: Sequence[int] | np.ndarray | Tensor) -> B:
         """Row i of the result is row permutation[i]; `permutation` must be a permutation of 0..N-1."""

@@ -8,6 +8,7 @@ from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
 from stratarl.algo.aggregation import LOSS_AGGREGATIONS
 from stratarl.algo.kl import KL_ESTIMATORS
 from stratarl.algo.kl_control import KL_CONTROLLERS
+from stratarl.algo.policy_filtration import PF_PPO_WEIGHTS
 from stratarl.algo.policy_loss import POLICY_LOSSES
 
 
@@ -24,6 +25,7 @@ def test_aggregations_kl_estimators_and_controllers_match_their_registries():
     assert list(LOSS_AGGREGATIONS) == list(catalog.LOSS_AGGREGATION_NAMES)
     assert sorted(KL_ESTIMATORS) == sorted(catalog.KL_ESTIMATOR_NAMES)
     assert sorted(KL_CONTROLLERS) == sorted(catalog.KL_CONTROLLER_NAMES)
+    assert list(PF_PPO_WEIGHTS) == list(catalog.PF_PPO_REWEIGHT_METHODS)
 
 
 def test_the_catalog_imports_no_torch():

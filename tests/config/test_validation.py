@@ -5,6 +5,7 @@ import pytest
 from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
 from stratarl.algo.aggregation import LOSS_AGGREGATIONS
 from stratarl.algo.kl import KL_ESTIMATORS
+from stratarl.algo.policy_filtration import PF_PPO_WEIGHTS
 from stratarl.algo.policy_loss import POLICY_LOSSES
 from stratarl.config import ConfigError, RunConfig, load_config, validate_config
 
@@ -28,6 +29,14 @@ def _errors(overrides, check_paths=False) -> ConfigError:
     with pytest.raises(ConfigError) as err:
         validate_config(load_config(None, overrides), check_paths=check_paths)
     return err.value
+
+
+def _problems(overrides) -> list:
+    try:
+        validate_config(load_config(None, overrides), check_paths=False)
+    except ConfigError as err:
+        return err.problems
+    return []
 
 
 def _message(err: ConfigError, *keys: str) -> str:
@@ -73,11 +82,26 @@ def test_unknown_estimator_lists_the_registry_and_the_nearest_name():
         ("actor.loss_agg_mode", LOSS_AGGREGATIONS),
         ("actor.kl_loss_type", KL_ESTIMATORS),
         ("algorithm.kl_penalty", KL_ESTIMATORS),
+        ("algorithm.pf_ppo.reweight_method", PF_PPO_WEIGHTS),
     ],
 )
 def test_unknown_registry_names_list_the_valid_names(key, registry):
     message = _message(_errors([f"{key}=no_such_name"]), key)
     assert all(repr(name) in message for name in registry)
+
+
+def test_pf_ppo_method_and_power_are_checked_and_a_non_gae_estimator_is_warned_about(paths):
+    err = _errors(["algorithm.use_pf_ppo=true", "algorithm.pf_ppo.reweight_method=maxmin"])
+    assert "did you mean 'max_min'" in _message(err, "algorithm.pf_ppo.reweight_method")
+    assert "≥ 0" in _message(_errors(["algorithm.pf_ppo.weight_pow=-1"]), "algorithm.pf_ppo.weight_pow")
+    on = [*paths, "algorithm.use_pf_ppo=true"]
+    assert any("only with gae" in w for w in validate_config(load_config(None, on)))  # default grpo
+    gae = [*on, "algorithm.adv_estimator=gae"]
+    assert not any("use_pf_ppo" in w for w in validate_config(load_config(None, gae)))
+    keys = ("algorithm.use_pf_ppo", "cluster.backend", "cluster.transfer_queue_units")
+    ray = ["algorithm.use_pf_ppo=true", "cluster.backend=ray"]
+    assert "transfer_queue_units=0" in _message(_errors(ray), *keys)
+    assert not [p for p in _problems([*ray, "cluster.transfer_queue_units=0"]) if set(p.keys) == set(keys)]
 
 
 def test_values_outside_declared_choices():

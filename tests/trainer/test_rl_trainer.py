@@ -65,6 +65,33 @@ def test_three_grpo_steps_train_log_and_save_a_reloadable_model(task, tmp_path):
         torch.testing.assert_close(tensor, after[name])
 
 
+def test_two_grpo_steps_with_pf_ppo_train_on_the_redrawn_rows(task, tmp_path):
+    # Three score levels (response length mod 3): max_min draws only rows at the batch's max or min.
+    scorer = tmp_path / "length_mod_3.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(len(solution_str) % 3)\n")  # fmt: skip
+    cfg = small_config(task, f"reward.custom_function_path={scorer}", "trainer.total_steps=2",
+                       "trainer.test_freq=0", "trainer.val_before_train=false", "algorithm.use_pf_ppo=true",
+                       "algorithm.pf_ppo.reweight_method=max_min")  # fmt: skip
+    trainer = RLTrainer(cfg, tmp_path / "run")
+    before = {k: v.clone() for k, v in trainer.worker.local_worker().actor.model.state_dict().items()}
+    trainer.fit()
+    after = trainer.worker.local_worker().actor.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
+
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    for record in train:
+        assert 1 <= record["batch/pf_ppo_distinct_rows"] <= 16 and "timing_s/adv" in record
+        assert record["actor/grad_norm"] > 0
+    lines = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 2 * 16  # the batch keeps its N = B·n rows
+    for step in (1, 2):
+        rewards = {r["reward"] for r in records if r["step"] == step}
+        assert len(rewards) <= 2  # only the max and the min of the step's three levels were drawn
+
+
 def test_config_error_names_the_keys_before_anything_loads(task):
     with pytest.raises(ConfigError) as err:
         small_config(task, "actor.prompts_per_mini_batch=3")  # 4 prompts do not split into 3s

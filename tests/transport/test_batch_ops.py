@@ -76,6 +76,39 @@ def test_repeat_matches_a_plain_loop(interleave):
     assert rows_of(repeated) == expected and repeated.meta_info == {"step": 1}
 
 
+def test_repeat_rows_matches_a_plain_loop_and_keeps_meta():
+    times = [2, 0, 3, 1]
+    expected = [i for i, k in enumerate(times) for _ in range(k)]  # [0, 0, 2, 2, 2, 3]
+    for as_type in (list, tuple, np.array, torch.tensor):
+        repeated = numbered(4).repeat_rows(as_type(times))
+        assert rows_of(repeated) == expected and repeated.meta_info == {"step": 1}
+
+
+def test_repeat_rows_round_trips():
+    batch = numbered(5)
+    # all ones is the identity; n everywhere is repeat(n) (interleaved)
+    assert rows_of(batch.repeat_rows([1] * 5)) == list(range(5))
+    assert rows_of(batch.repeat_rows([3] * 5)) == rows_of(batch.repeat(3))
+    # taking the first copy of every row undoes it: cumsum(times) - times are the first positions
+    times = np.array([1, 4, 2, 1, 3])
+    first = np.cumsum(times) - times
+    assert rows_of(batch.repeat_rows(times).take(first)) == list(range(5))
+    # a count per row of the repeated batch composes: row i ends up times[i] * 2 times
+    twice = batch.repeat_rows(times).repeat_rows([2] * int(times.sum()))
+    assert rows_of(twice) == rows_of(batch.repeat_rows(times * 2))
+
+
+def test_repeat_rows_edge_cases_and_bad_counts():
+    assert len(numbered(3).repeat_rows([0, 0, 0])) == 0
+    assert len(numbered(0).repeat_rows([])) == 0
+    with pytest.raises(ValueError, match="3 integer counts"):
+        numbered(3).repeat_rows([1, 2])
+    with pytest.raises(ValueError, match="3 integer counts"):
+        numbered(3).repeat_rows([1.5, 1, 1])
+    with pytest.raises(ValueError, match=">= 0"):
+        numbered(3).repeat_rows([1, -1, 1])
+
+
 def test_reorder_applies_a_permutation_and_its_inverse_restores_the_batch():
     perm = [2, 0, 3, 1]
     batch = numbered(4).reorder(perm)
