@@ -10,7 +10,7 @@ from stratarl.config.verl_args import verl_defaults_path
 from stratarl.observe.run_log import read_metrics
 
 if verl_defaults_path() is None:
-    pytest.skip("verl 0.9.1 is not installed (make test-parity installs it)", allow_module_level=True)
+    pytest.skip("verl 0.9.1 is not installed (make setup installs it, --no-deps)", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

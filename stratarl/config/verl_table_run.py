@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from stratarl.config.verl_args import VerlArgs
@@ -65,16 +66,50 @@ def _either(legacy: str, current: str, empty: Any = "") -> Any:
     return value
 
 
+REWARD_KWARGS = ("custom_reward_function.reward_kwargs", "reward.reward_kwargs")
+OVERLONG = "overlong_buffer_cfg"  # DAPO's scripts: +reward.reward_kwargs.overlong_buffer_cfg.enable=True
+
+
 def _reward_kwargs(args: VerlArgs) -> dict:
-    flat = args.subtree("custom_reward_function.reward_kwargs") | args.subtree("reward.reward_kwargs")
+    """The scoring function's keyword arguments; DAPO's overlong buffer is not one (it is ours:
+    reward.overlong_buffer.*)."""
+    flat = args.subtree(REWARD_KWARGS[0]) | args.subtree(REWARD_KWARGS[1])
     tree: dict = {}
     for key, value in flat.items():
+        if key.split(".")[0] == OVERLONG:
+            continue
         *parents, leaf = key.split(".")
         node = tree
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
     return tree
+
+
+def _overlong(leaf: str, default: Any) -> Callable[[VerlArgs], Any]:
+    """One leaf of DAPO's overlong_buffer_cfg, under either reward_kwargs prefix."""
+
+    def value(args: VerlArgs) -> Any:
+        for prefix in REWARD_KWARGS:
+            found = args.value(f"{prefix}.{OVERLONG}.{leaf}")
+            if found is not None:
+                return found
+        return default
+
+    return value
+
+
+def _overlong_enable(args: VerlArgs) -> bool:
+    """overlong_buffer_cfg.enable; its max_resp_len must be the response budget, as ours always is
+    (rollout.max_response_tokens, from data.max_response_length)."""
+    budget, cap = _overlong("max_resp_len", None)(args), args.value("data.max_response_length")
+    if budget is not None and int(budget) != int(cap):
+        raise RefusedValue(
+            f"{OVERLONG}.max_resp_len={budget} differs from data.max_response_length={cap}; here the "
+            "penalty always counts against the response budget",
+            "set max_resp_len to data.max_response_length (or leave it out)",
+        )
+    return bool(_overlong("enable", False)(args))
 
 
 def _filter_metric(args: VerlArgs) -> str:
@@ -159,6 +194,9 @@ TRANSLATIONS = [
     _t("algorithm.lam", f"{AL}.lam"),
     _t("algorithm.norm_adv_by_std", f"{AL}.norm_adv_by_std_in_grpo"),
     _t("algorithm.use_kl_in_reward", f"{AL}.use_kl_in_reward"),
+    _t("algorithm.use_pf_ppo", f"{AL}.use_pf_ppo"),
+    _t("algorithm.pf_ppo.reweight_method", f"{AL}.pf_ppo.reweight_method"),
+    _t("algorithm.pf_ppo.weight_pow", f"{AL}.pf_ppo.weight_pow"),
     _t("algorithm.kl_penalty", f"{AL}.kl_penalty"),
     *[_t(f"algorithm.kl_ctrl.{k}", f"{AL}.kl_ctrl.{k}") for k in ("type", "kl_coef", "target_kl", "horizon")],
     _t("algorithm.filter_groups.enable", f"{AL}.filter_groups.enable"),
@@ -259,7 +297,21 @@ TRANSLATIONS = [
         (),
         _reward_kwargs,
         "the keyword arguments of the scoring function",
-        subtrees=("custom_reward_function.reward_kwargs", "reward.reward_kwargs"),
+        subtrees=REWARD_KWARGS,
+    ),
+    *(
+        Translation(
+            f"reward.overlong_buffer.{leaf}",
+            (),
+            compute,
+            f"reward_kwargs.{OVERLONG}.{leaf}" + note,
+            subtrees=tuple(f"{prefix}.{OVERLONG}" for prefix in REWARD_KWARGS),
+        )
+        for leaf, compute, note in (
+            ("enable", _overlong_enable, "; a max_resp_len given must be data.max_response_length"),
+            ("len", _overlong("len", 0), ""),
+            ("penalty_factor", _overlong("penalty_factor", 1.0), ""),
+        )
     ),
     _t("reward.num_workers", "reward.num_workers", how="scoring processes"),
     _t(
@@ -401,7 +453,6 @@ REFUSED = [
         "verl's v1 asynchronous loops are not built here",
         "trainer.mode=async and async_training.* of `stratarl train` (docs/async.md)",
     ),
-    Refused((f"{AL}.use_pf_ppo", f"{AL}.pf_ppo.*"), "PF-PPO's reweighted replay is not built here", NOT_HERE),
     Refused(
         (f"{AL}.filter_groups.max_inflight_gen_batches",),
         "generation rounds of dynamic sampling run one at a time here",

@@ -95,9 +95,8 @@ def translate(args: VerlArgs) -> VerlTranslation:
         try:
             value = rule.value(args)
         except RefusedValue as err:
-            problems.append(
-                _refusal_problem(rule.reads[0], args.value(rule.reads[0]), err.reason, err.our_way)
-            )
+            key = rule.reads[0] if rule.reads else rule.subtrees[0]
+            problems.append(_refusal_problem(key, args.value(key), err.reason, err.our_way))
             continue
         except (TypeError, ValueError) as err:
             key = rule.reads[0] if rule.reads else rule.subtrees[0]

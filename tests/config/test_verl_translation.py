@@ -13,7 +13,7 @@ from stratarl.config.verl_rules import NO_EFFECT, REFUSED, TRANSLATED
 from stratarl.config.verl_translation import classify, translate
 
 if verl_defaults_path() is None:
-    pytest.skip("verl 0.9.1 is not installed (make test-parity installs it)", allow_module_level=True)
+    pytest.skip("verl 0.9.1 is not installed (make setup installs it, --no-deps)", allow_module_level=True)
 
 A = "actor_rollout_ref.actor"
 
@@ -103,6 +103,32 @@ def test_values_map_where_verl_spells_them_differently():
     assert s["agent"]["truncate_side"] == "head"
     assert s["actor"]["layout"] == "padded" and s["reference"]["layout"] == "padded"
     assert s["reward"]["function_kwargs"] == {"scale": 2}
+
+
+def test_dapos_overlong_buffer_is_our_penalty_not_a_scoring_argument():
+    # as verl's DAPO scripts write it
+    s = ours(
+        "data.max_response_length=512",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "+reward.reward_kwargs.overlong_buffer_cfg.len=128",
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+        "+reward.reward_kwargs.overlong_buffer_cfg.max_resp_len=512",
+        "+reward.reward_kwargs.scale=2",
+    )
+    assert s["reward"]["overlong_buffer"] == {"enable": True, "len": 128, "penalty_factor": 0.5}
+    assert s["reward"]["function_kwargs"] == {"scale": 2}
+    assert ours()["reward"]["overlong_buffer"]["enable"] is False
+    with pytest.raises(ConfigError, match=r"max_resp_len=256 differs from data\.max_response_length=512"):
+        ours(
+            "data.max_response_length=512",
+            "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward.reward_kwargs.overlong_buffer_cfg.max_resp_len=256",
+        )
+
+
+def test_pf_ppo_translates_to_our_settings():
+    s = ours("algorithm.use_pf_ppo=true", "algorithm.pf_ppo.reweight_method=max_min")
+    assert s["algorithm"]["use_pf_ppo"] is True and s["algorithm"]["pf_ppo"]["reweight_method"] == "max_min"
 
 
 def test_a_refused_key_names_the_verl_key_the_reason_and_our_way():
