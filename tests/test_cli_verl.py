@@ -8,24 +8,10 @@ import pytest
 from stratarl.cli import main
 from stratarl.config.verl_args import verl_defaults_path
 from stratarl.observe.run_log import read_metrics
+from tests.test_cli import tiny_task  # noqa: F401  (the fixture: a tiny task and a 1M model)
 
 if verl_defaults_path() is None:
     pytest.skip("verl 0.9.1 is not installed (make setup installs it, --no-deps)", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_task(tmp_path_factory):
-    """An arithmetic task and a 1M model."""
-    from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
-    from stratarl.data.tiny_models import build_tiny_model
-    from stratarl.data.tokenizer_factory import corpus_from_parquet
-
-    root = tmp_path_factory.mktemp("verl-task")
-    paths = make_arithmetic_dataset(root / "data", n_train=32, n_test=8, digits=1, seed=0)
-    model = build_tiny_model(
-        root / "model", size="1m", corpus_texts=corpus_from_parquet([paths["train"]]), seed=0
-    )
-    return {"train": paths["train"], "test": paths["test"], "model": model}
 
 
 def verl_script(task, run_dir):
@@ -75,7 +61,7 @@ def verl_script(task, run_dir):
     ]
 
 
-def test_a_verl_grpo_script_trains_two_steps_and_records_its_translation(tiny_task, tmp_path, capsys):
+def test_a_verl_grpo_script_trains_two_steps_and_records_its_translation(tiny_task, tmp_path, capsys):  # noqa: F811
     run_dir = tmp_path / "run"
     assert main(["verl", "--dry-run", *verl_script(tiny_task, run_dir)]) == 0
     out = capsys.readouterr().out
