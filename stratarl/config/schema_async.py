@@ -111,7 +111,8 @@ def async_problems(cfg: Any) -> list[ConfigProblem]:
     return problems
 
 
-# The async_training keys each trainer.mode reads (trainer/training_modes.py, trainer/on_policy.py);
+# The async_training keys each trainer.mode reads (trainer/training_modes.py, trainer/correction.py,
+# trainer/pi_old.py);
 # async reads them all. partial_rollout reaches the rollout engine's spec in every mode, but outside
 # async validation refuses any value but its default, so no warning is owed for it.
 # tests/trainer/test_mode_reads.py runs every read site under each mode and compares.

@@ -28,7 +28,7 @@ PRODUCER_PATHS = {
     "reward.token_scores.place_on_last_token",
     "actor.log_prob": "trainer.phases.old_log_prob → PolicyWorker.compute_log_prob → "
     "engine.actor.Actor.score_responses (one on-policy step a batch: the update's own forward, "
-    "trainer.on_policy)",
+    "trainer.pi_old)",
     "reference.log_prob": "trainer.phases.ref_log_prob → PolicyWorker.compute_ref_log_prob → "
     "engine.actor.Reference",
     "critic.value": "trainer.phases.values → CriticWorker.compute_values → engine.critic",

@@ -42,7 +42,7 @@ class ActorLoss:
     # (ε_low, ε_high) of the per-trajectory clipped share the trace reports (actor.policy_loss's
     # clip_ratio_low/high; the PPO clip indicator whichever loss is trained).
     clip_bounds: tuple[float, float] = (0.2, 0.2)
-    # On-policy single pass (`trainer.on_policy`): π_old is this forward's own π_θ, detached — the
+    # On-policy single pass (`trainer.pi_old.FromUpdate`): π_old is this forward's own π_θ, detached — the
     # separate old-log-prob forward would compute the same numbers with the same weights — and
     # `row_statistics` hands it back per row (`log_prob`, `entropy`: [m, T]) as the batch's
     # old_log_probs / entropys.

@@ -28,13 +28,14 @@ from stratarl.cluster.handles import PolicyHandle
 from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.trainer.batch_sources import (
     PRODUCER_THREAD,
+    Collector,
     OverlapMeter,
     ProducedBatch,
     produce,
     producer_collector,
     push,
+    release_rows,
 )
-from stratarl.trainer.collect import BatchCollector
 from stratarl.trainer.rollout_buffer import BufferedBatch, RolloutBuffer
 from stratarl.transport.data_proto import DataProto
 
@@ -47,7 +48,7 @@ class AsyncBatches:
 
     def __init__(
         self,
-        collector: BatchCollector,
+        collector: Collector,
         worker: PolicyHandle,
         monitor: PhaseMonitor,
         *,
@@ -149,6 +150,9 @@ class AsyncBatches:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["mode"] == "async":
             self.buffer.restore(state["ready"])
+
+    def release(self, produced: ProducedBatch) -> None:
+        release_rows(self.worker, produced)
 
     def close(self) -> None:
         self.buffer.stop()

@@ -7,9 +7,10 @@
     async         a producer thread fills a bounded buffer (`async_batches.AsyncBatches`)
 
 Every source returns `ProducedBatch`es and counts how long the rollout and the trainer were busy
-(`OverlapMeter`: the async/* metrics). The producer runs the same `BatchCollector` on its own copy of
-the step tracer; its phases (gen, reward) are under the run's watchdog like the trainer's, and the
-trainer's wait for it is the phase `wait_rollout`, so a stalled producer is named, not a silent hang.
+(`OverlapMeter`: the async/* metrics). The producer runs the same `Collector` (the step's collect
+half, `step.RLStep.collect`) on its own copy of the step tracer; its phases (gen, reward) are under
+the run's watchdog like the trainer's, and the trainer's wait for it is the phase `wait_rollout`, so
+a stalled producer is named, not a silent hang.
 The engine records the version of every token (`token_weight_version`); a row's `weight_version` is
 its oldest. Rows span versions only under async with partial_rollout=continue.
 """
@@ -33,7 +34,7 @@ from stratarl.cluster.handles import PolicyHandle
 from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.observe.trace_store import StepTrace
 from stratarl.trainer import phases
-from stratarl.trainer.collect import BatchCollector
+from stratarl.trainer.tracing import StepTracer
 from stratarl.transport.data_proto import DataProto
 
 PRODUCER_THREAD = "stratarl-rollout"
@@ -49,8 +50,23 @@ class ProducedBatch:
     timings: dict[str, float]  # gen, reward, ... (seconds), merged into the training step's timings
     trace: StepTrace | None  # the trace rows of rollout and reward (None: trace.enable=false)
 
+    def add_timings(self, timings: dict[str, float]) -> None:
+        """Add the collect phases' seconds to the training step's `timings`."""
+        for name, seconds in self.timings.items():
+            timings[name] = timings.get(name, 0.0) + seconds
 
-def produce(collector: BatchCollector, step: int) -> ProducedBatch:
+
+class Collector(Protocol):
+    """What a batch source runs to collect a step's batch: the first half of the step
+    (`step.RLStep.collect`), with the tracer and policy it collects with."""
+
+    tracer: StepTracer
+    worker: PolicyHandle
+
+    def collect(self, step: int, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]: ...
+
+
+def produce(collector: Collector, step: int) -> ProducedBatch:
     """Collect step `step`'s batch with `collector`, its trace rows detached from the collector's
     tracer (the step that trains it adopts them)."""
     timings: dict[str, float] = {}
@@ -61,7 +77,7 @@ def produce(collector: BatchCollector, step: int) -> ProducedBatch:
     return ProducedBatch(step, batch, metrics, timings, trace)
 
 
-def producer_collector(collector: BatchCollector) -> BatchCollector:
+def producer_collector(collector: Collector) -> Collector:
     """The collector the producer thread runs: the same data, policy and reward, its own tracer state."""
     return dataclasses.replace(collector, tracer=copy.copy(collector.tracer))
 
@@ -140,6 +156,12 @@ def staleness_metrics(batch: DataProto, trained_version: int) -> dict[str, float
     }
 
 
+def release_rows(worker: PolicyHandle, produced: ProducedBatch) -> None:
+    """Ray: the rows collected for steps ≤ `produced.step` leave the TransferQueue (verl's kv_clear
+    at the end of a step); nothing without a queue."""
+    worker.clear_queue(through=produced.step)
+
+
 def push(worker: PolicyHandle, monitor: PhaseMonitor, step: int, version: int, timings: dict) -> dict:
     with monitor.phase("update_weights", timings, step=step):
         return phases.sync_weights(worker, version=version)
@@ -164,6 +186,11 @@ class BatchSource(Protocol):
         """Nothing is generated while the block runs (validation, a checkpoint)."""
         ...
 
+    def release(self, produced: ProducedBatch) -> None:
+        """The trained batch's rows leave the TransferQueue (and any dropped before it), not those
+        of batches collected ahead (`release_rows`)."""
+        ...
+
     def state_dict(self, materialize: Callable[[DataProto], DataProto]) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -174,7 +201,7 @@ class BatchSource(Protocol):
 class SyncBatches:
     """trainer.mode=sync: the step collects its own batch, and every step pushes its weights."""
 
-    def __init__(self, collector: BatchCollector, worker: PolicyHandle, monitor: PhaseMonitor):
+    def __init__(self, collector: Collector, worker: PolicyHandle, monitor: PhaseMonitor):
         self.collector, self.worker, self.monitor = collector, worker, monitor
         self.meter = OverlapMeter()
 
@@ -189,6 +216,9 @@ class SyncBatches:
 
     def paused(self, step: int) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # nothing generates outside the step
+
+    def release(self, produced: ProducedBatch) -> None:
+        release_rows(self.worker, produced)
 
     def state_dict(self, materialize: Callable[[DataProto], DataProto]) -> dict[str, Any]:
         return {"mode": "sync", "ready": []}
@@ -208,7 +238,7 @@ class OneStepOffBatches:
     push after step k waits for batch k+1), whatever the two threads' speeds."""
 
     def __init__(
-        self, collector: BatchCollector, worker: PolicyHandle, monitor: PhaseMonitor, *, total_steps: int
+        self, collector: Collector, worker: PolicyHandle, monitor: PhaseMonitor, *, total_steps: int
     ):
         self.collector, self.worker, self.monitor = producer_collector(collector), worker, monitor
         self.meter, self.total_steps = OverlapMeter(), total_steps
@@ -246,6 +276,9 @@ class OneStepOffBatches:
 
     def paused(self, step: int) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # between steps the next batch is complete (the push waited)
+
+    def release(self, produced: ProducedBatch) -> None:
+        release_rows(self.worker, produced)
 
     def state_dict(self, materialize: Callable[[DataProto], DataProto]) -> dict[str, Any]:
         """The batch collected for the next step (the push waited for it): a resume trains on it."""

@@ -263,7 +263,7 @@ BYPASS_LOSSES = {"ppo_clip": "vanilla", "reinforce": "reinforce"}
 
 
 def build_actor_loss(cfg: RunConfig, *, old_log_prob_from_forward: bool = False) -> ActorLoss:
-    """The actor's loss; old_log_prob_from_forward: π_old from the update's forward (`on_policy`)."""
+    """The actor's loss; old_log_prob_from_forward: π_old from the update's forward (`pi_old.FromUpdate`)."""
     settings = asdict(cfg.actor.policy_loss)
     name = settings.pop("name")
     bypass = cfg.algorithm.rollout_correction.bypass_mode

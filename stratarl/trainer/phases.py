@@ -79,6 +79,17 @@ def reward(
     return batch, result, texts
 
 
+def reward_unless_scored(
+    batch: DataProto, tokenizer: Any, rewards: RewardManager
+) -> tuple[DataProto, RewardResult | None]:
+    """The reward phase, unless the rollout scored its rows already (agent.streaming_reward: the
+    episodes were scored while generating); (batch, the reward's result or None)."""
+    if "token_level_scores" in batch:
+        return batch, None
+    batch, result, _ = reward(batch, tokenizer, rewards)
+    return batch, result
+
+
 def reward_inputs(batch: DataProto, texts: Sequence[str]) -> RewardInputs:
     """What the reward sources read for N rows: rule inputs, the conversation (the prompt's messages,
     then the response as the assistant's), and each response's length in tokens (observations too)."""
@@ -197,7 +208,7 @@ def update_actor(
     seed: int | None,
 ) -> dict[str, float]:
     """The policy update; returns `actor/*` metrics. A loss that takes π_old from its own forward
-    (`trainer.on_policy`) reads no `old_log_probs` and needs the forward's entropy too."""
+    (`trainer.pi_old.FromUpdate`) reads no `old_log_probs` and needs the forward's entropy too."""
     from_forward = loss_fn.old_log_prob_from_forward
     reads = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
     reads += [] if from_forward else ["old_log_probs"]

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
+from transformers import AutoConfig
 
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import BatchPlan, RunConfig, validate_config
@@ -36,22 +37,22 @@ from stratarl.trainer import (
     builders,
     checkpointing,
     interruption,
-    on_policy,
     phases,
+    pi_old,
     preflight,
     reward_builder,
     run_watch,
     training_modes,
 )
 from stratarl.trainer.agent_validation import run_agent_validation
-from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
-from stratarl.trainer.collect import BatchCollector
+from stratarl.trainer.batch_sources import BatchSource
+from stratarl.trainer.correction import build_correction
 from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested
-from stratarl.trainer.learn import StepLearner
 from stratarl.trainer.run_directory import RunLock, claim_run_directory
 from stratarl.trainer.run_summary import finish_run, write_placement
-from stratarl.trainer.step_metrics import step_metrics
-from stratarl.trainer.tracing import StepTracer, step_diagnostics
+from stratarl.trainer.step import RewardKL, RLStep, SingleTurn
+from stratarl.trainer.step_settings import StepSettings
+from stratarl.trainer.tracing import StepTracer
 from stratarl.trainer.validation import record_validation, run_validation
 
 
@@ -100,11 +101,19 @@ class RLTrainer:
     def _build(self, cfg: RunConfig, console: Console) -> None:
         self.log = RunLog(self.claim.run_dir, console=console, print_steps="console" in cfg.trainer.logger)
         self.run_dir = self.log.run_dir
-        reuse, self.old_log_prob_source = on_policy.old_log_prob_reuse(cfg)
-        self.loss_fn = builders.build_actor_loss(cfg, old_log_prob_from_forward=reuse)
-        self.value_loss = builders.build_value_loss(cfg)
+        self.settings = StepSettings.from_config(cfg)
         self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
-        self.sampling = builders.train_sampling(cfg)
+        model_config = AutoConfig.from_pretrained(
+            cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
+        )
+        self.pi_old = pi_old.choose_old_log_probs(  # where π_old comes from (`pi_old` docstring)
+            cfg,
+            model_has_dropout=pi_old.has_dropout(model_config),
+            estimator_inputs=self.settings.estimator_inputs,
+        )
+        self.actor_loss = builders.build_actor_loss(cfg, old_log_prob_from_forward=self.pi_old.from_update)
+        self.value_loss = builders.build_value_loss(cfg)
+        self.correction = build_correction(cfg)
         self.plan = BatchPlan.from_config(cfg)
         self.tracer = StepTracer(cfg, self.tokenizer, self.run_dir)
         self.watchdog = run_watch.build_watchdog(cfg, self.run_dir)  # None: watchdog.enable=false
@@ -123,29 +132,24 @@ class RLTrainer:
         except BaseException:
             self.stop_processes()
             raise
-        self.learner = StepLearner(
-            cfg,
-            self.worker,
-            self.critic,
-            self.loss_fn,
-            self.value_loss,
-            self.kl_ctrl,
-            self.monitor,
-            self.tracer,
-            step_seed=self._seed,
-        )
-        self.collector = BatchCollector(
-            cfg,
+        self.step = RLStep(
+            self.settings,
             self.train_set,
             self.sampler,
             self.tokenizer,
             self.worker,
-            self.sampling,
+            self.critic,
             self.rewards,
-            self.monitor,
-            self.tracer,
-            step_seed=self._seed,
-            agent=self.agent,
+            actor_loss=self.actor_loss,
+            value_loss=self.value_loss,
+            pi_old=self.pi_old,
+            monitor=self.monitor,
+            tracer=self.tracer,
+            version_of=self.version_of,
+            rollout=self.agent or SingleTurn(),
+            correction=self.correction,
+            reward_kl=RewardKL(self.kl_ctrl, cfg.algorithm.kl_penalty),
+            console=self.log.console,
         )
         self.checkpoints = RunCheckpoint(
             self.run_dir / checkpointing.CHECKPOINT_DIR,
@@ -215,13 +219,13 @@ class RLTrainer:
 
     def _fit(self) -> dict[str, Any]:
         self.log.console.print(self.plan.render())
-        self.log.console.print(f"[dim]{self.old_log_prob_source}[/dim]")
+        self.log.console.print(f"[dim]{self.pi_old.line}[/dim]")
         write_placement(self.run_dir, self.worker, self.critic)
         start, run_start = self.resume(), time.perf_counter()
         self.last_done = start
         self.batches = training_modes.build_batch_source(
             self.cfg,
-            self.collector,
+            self.step,
             self.worker,
             self.monitor,
             total_steps=self.total_steps,
@@ -364,67 +368,21 @@ class RLTrainer:
         return point.step
 
     def train_step(self, step: int) -> dict[str, float]:
-        cfg, timings, phase = self.cfg, {}, self.monitor.phase
-        self.tracer.begin(step)
-        with self.tracer.written_on_failure(), phase("step", timings, step=step):
-            produced, async_metrics = self.batches.take(step, timings)
-            self.tracer.current = produced.trace  # the rollout and reward rows, traced where collected
-            for name, seconds in produced.timings.items():
-                timings[name] = timings.get(name, 0.0) + seconds
-            batch, collect_metrics = produced.batch, produced.metrics
-            batch, prepare_metrics = self.learner.prepare(batch, timings, step)
-            self.tracer.after_advantage(batch)
-            critic_metrics = self.learner.update_critic(batch, step, timings)
-            actor_metrics, trained_version = {}, self.version_of(step)
-            if step > cfg.critic.warmup_training_steps or self.critic is None:
-                batch, actor_metrics = self.learner.update_actor(batch, step, timings, trained_version)
-            # Pushed during critic warm-up too (the weights did not change): the rollout serves a
-            # verified version, never one left asleep or stale (a verl bug). Every step; under
-            # trainer.mode=async every k steps, and always before a validation or a checkpoint.
-            due = (
-                self.validates(step)
-                or checkpointing.should_save(step, self.total_steps, cfg.trainer.save_freq)
-                or self.stop.requested  # a Ctrl-C checkpoint follows this step
-            )
-            sync_metrics = self.batches.push_weights(step, trained_version + 1, timings, force=due)
-            # Ray: the trained batch's rows leave the TransferQueue (and any dropped before it), not
-            # those of batches collected ahead
-            self.worker.clear_queue(through=produced.step)
-            with phase("trace", timings, step=step):
-                self.tracer.end()
-        if self.kl_ctrl is not None:
-            current_kl = prepare_metrics.get("actor/reward_kl_penalty", 0.0)
-            self.kl_ctrl.update(current_kl, n_steps=len(batch) // cfg.rollout.n)
-        parts = [
-            # first: the phases' own metrics of the same names (e.g. bypass mode's rollout_corr/*) win
-            step_diagnostics(batch, trained_version if actor_metrics else None),
-            collect_metrics,
-            async_metrics | staleness_metrics(batch, trained_version) | self.batches.meter.take_metrics(),
-            prepare_metrics,
-            critic_metrics,
-            actor_metrics,
-            sync_metrics,
-            self.monitor.memory.take_metrics(),
-        ]
-        metrics = step_metrics(
-            step,
-            batch,
-            timings,
-            parts,
-            cfg=cfg,
-            worker=self.worker,
-            critic=self.critic,
-            console=self.log.console,
+        """One step (`step.RLStep.run`), its weights pushed every step or as trainer.mode says, and
+        always before a validation, a checkpoint or a Ctrl-C stop (the weights it saves are the
+        rollout's: never one left asleep or stale, a verl bug)."""
+        due = (
+            self.validates(step)
+            or checkpointing.should_save(step, self.total_steps, self.cfg.trainer.save_freq)
+            or self.stop.requested  # a Ctrl-C checkpoint follows this step
         )
-        if cfg.trainer.save_trajectories:
+        batch, metrics = self.step.run(step, self.batches, sync_due=due)
+        if self.cfg.trainer.save_trajectories:
             texts = phases.decode_responses(self.tokenizer, batch)
             prompt_texts = [self.tokenizer.decode(ids) for ids in batch["raw_prompt_ids"]]
             records = phases.trajectory_records(batch, texts, prompt_texts, step)
             self.log.log_trajectories(agent_rollout.with_agent_records(records, batch))
         return metrics
-
-    def _seed(self, step: int) -> int:
-        return self.cfg.trainer.seed * 1_000_003 + step * 10_007
 
     def validate(self, step: int) -> dict[str, float]:
         assert self.val_set is not None
@@ -439,7 +397,7 @@ class RLTrainer:
                 sampling=builders.val_sampling(self.cfg),
                 n=v.n,
                 step=step,
-                seed=self._seed(step) + 7,
+                seed=self.settings.step_seed(step) + 7,
             )
         self.worker.clear_queue(through=step)  # its rows; not those of batches collected ahead
         record_validation(self.log, step, metrics, records, self.cfg.rollout.max_response_tokens)

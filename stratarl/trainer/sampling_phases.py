@@ -1,8 +1,8 @@
 """Layer 2, control flow: phases that decide *which* trajectories a step trains on.
 
 DAPO's dynamic sampling (drop groups without learning signal, keep generating), ReMax's greedy
-baseline rollout, PF-PPO's resampling by score after the advantage, and rollout correction in
-decoupled and bypass modes (verl's `compute_rollout_correction_and_add_to_batch` / `apply_bypass_mode`).
+baseline rollout (the extra rollout its estimator declares by reading `reward_baselines`), and
+PF-PPO's resampling by score after the advantage.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch
 
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.policy_filtration import pf_ppo_resample
-from stratarl.algo.rollout_correction import rollout_correction
 from stratarl.cluster.handles import PolicyHandle
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
@@ -74,28 +73,6 @@ def resample_by_score(
         scores=scores, reweight_method=reweight_method, weight_pow=weight_pow, generator=generator
     )
     return batch.take(rows), {"batch/pf_ppo_distinct_rows": float(rows.unique().numel())}
-
-
-def apply_decoupled_correction(
-    batch: DataProto, settings: dict[str, Any]
-) -> tuple[DataProto, dict[str, float]]:
-    """Three policies: IS weights π_old/π_rollout (when `rollout_is`) and a rejection mask (when
-    `rollout_rs`) replacing `response_mask`, before advantages are computed."""
-    validate(batch, reads=["old_log_probs", "rollout_log_probs", "response_mask"], phase="advantage")
-    weights, mask, metrics = rollout_correction(
-        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], **settings
-    )
-    columns = {"response_mask": mask.to(batch["response_mask"].dtype)}
-    if weights is not None:
-        columns["rollout_is_weights"] = weights
-    updated = batch.select([c for c in batch.columns if c not in columns]).union(DataProto.from_dict(columns))
-    return updated, metrics
-
-
-def use_rollout_log_probs(batch: DataProto) -> DataProto:
-    """Bypass mode (two policies): π_old := π_rollout, no recompute forward."""
-    validate(batch, reads=["rollout_log_probs"], phase="actor.log_prob")
-    return batch.union(DataProto.from_dict({"old_log_probs": batch["rollout_log_probs"].clone()}))
 
 
 def sum_reward_metrics(parts: list[dict[str, float]]) -> dict[str, float]:

@@ -29,7 +29,6 @@ from stratarl.reward.batch_scorer import RewardResult
 from stratarl.reward.registry import SCORERS
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
-from stratarl.transport.fields import ROW_ID
 
 
 def reward_source_describer(cfg: RunConfig) -> Callable[[str], str]:
@@ -83,6 +82,12 @@ class StepTracer:
     def begin(self, step: int) -> None:
         self.current = StepTrace(step, traced=set()) if self.enabled else None
 
+    def adopt(self, trace: StepTrace | None) -> None:
+        """The step's rollout and reward rows, traced where its batch was collected (maybe by the
+        producer thread, on its own copy of this tracer)."""
+        if self.enabled:
+            self.current = trace
+
     def after_rollout(self, batch: DataProto, sampling: SamplingParams, seed: int | None) -> None:
         """Q1-Q6, from the rows generate wrote (each generation round of the step adds its rows)."""
         if self.current is None:
@@ -116,30 +121,15 @@ class StepTracer:
         columns = fields.advantage_fields(batch, self.estimator) | fields.log_prob_fields(batch)
         self.current.add(fields.trajectory_ids(batch), columns)
 
-    def after_log_probs(self, batch: DataProto) -> None:
-        """The log-prob half of Q9 again, once the update's forward wrote `old_log_probs` (`on_policy`)."""
-        if self.current is None:
-            return
-        self.current.add(fields.trajectory_ids(batch), fields.log_prob_fields(batch))
-
-    def with_row_ids(self, batch: DataProto) -> DataProto:
-        """The batch for the actor's update with `row_id` = its row index (tracing only), under which
-        the engines report each row's update statistics."""
-        if self.current is None:
-            return batch
-        return batch.union(DataProto.from_dict({ROW_ID: torch.arange(len(batch), dtype=torch.int64)}))
-
-    def row_statistics(self, worker: Any) -> dict[str, torch.Tensor]:
-        """The last update's per-row statistics from the worker (its ranks), only while tracing."""
-        return worker.update_row_statistics() if self.current is not None else {}
-
     def after_update(
         self, batch: DataProto, row_stats: dict[str, torch.Tensor], trained_version: int
     ) -> None:
-        """Q9 from the update's own forward, and Q10: the version the update started from."""
+        """Q9 from the update's own forward (and π_old again: the update's forward may have written
+        it, `pi_old.FromUpdate`), and Q10: the version the update started from."""
         if self.current is None:
             return
         ids = fields.trajectory_ids(batch)
+        self.current.add(ids, fields.log_prob_fields(batch))
         trained_ids, columns = fields.update_fields(ids, row_stats, self.clip_bounds)
         self.current.add(trained_ids, columns)
         self.current.add(ids, fields.closure_fields(batch, trained_version))

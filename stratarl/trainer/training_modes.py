@@ -1,44 +1,24 @@
-"""Layer 2, control flow: trainer.mode as objects — the step's batch source, and the rollout correction
-that off-policy samples get (decoupled PPO with the behaviour policy's log-probs, arXiv:2110.00641).
+"""Layer 2, control flow: trainer.mode as an object — the step's batch source (`batch_sources`).
 
-In an off-policy mode, π_rollout (the weights that generated a sample, `rollout_log_probs`) is older
-than π_old (the weights the step starts from, recomputed as `old_log_probs`): with
-async_training.correction=decoupled the loss clips the ratio π_θ/π_old (the proximal policy) and
-weights each token by min(π_old/π_rollout, C) (token TIS, C = rollout_is_threshold), unless
-algorithm.rollout_correction configures its own weights or rejection, or bypass mode.
+sync          the step collects its own batch (`SyncBatches`)
+one_step_off  a producer thread collects the next step's batch while this one trains
+async         a producer thread fills a bounded buffer (`async_batches.AsyncBatches`)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from stratarl.cluster.handles import PolicyHandle
 from stratarl.config import RunConfig
 from stratarl.observe.phase_monitor import PhaseMonitor
-from stratarl.trainer import builders
 from stratarl.trainer.async_batches import AsyncBatches
-from stratarl.trainer.batch_sources import BatchSource, OneStepOffBatches, SyncBatches
-from stratarl.trainer.collect import BatchCollector
-
-
-def correction_settings(cfg: RunConfig) -> dict[str, Any] | None:
-    """Keyword arguments of the decoupled correction the step applies before advantages; None: none
-    (bypass mode corrects inside the loss instead)."""
-    rc = cfg.algorithm.rollout_correction
-    if rc.bypass_mode:
-        return None
-    settings = builders.rollout_correction_settings(cfg)
-    if rc.rollout_is or rc.rollout_rs:
-        return settings
-    if cfg.trainer.mode != "sync" and cfg.async_training.correction == "decoupled":
-        return settings | {"rollout_is": "token"}
-    return None
+from stratarl.trainer.batch_sources import BatchSource, Collector, OneStepOffBatches, SyncBatches
 
 
 def build_batch_source(
     cfg: RunConfig,
-    collector: BatchCollector,
+    collector: Collector,
     worker: PolicyHandle,
     monitor: PhaseMonitor,
     *,

@@ -11,7 +11,7 @@ from transformers import Qwen2Config
 
 from stratarl.config import load_config
 from stratarl.config.schema_async import READ_BY_MODE, AsyncTrainingConfig, async_problems
-from stratarl.trainer import builders, on_policy, training_modes
+from stratarl.trainer import builders, correction, pi_old, training_modes
 
 PACKAGE = Path(__file__).resolve().parents[2] / "stratarl"
 KEYS = {f.name: f for f in dataclasses.fields(AsyncTrainingConfig)}
@@ -40,8 +40,10 @@ class StubWorker:
 
 def _run_read_sites(cfg) -> None:
     """Each function of READ_SITES, the way the trainer calls it for `cfg`."""
-    training_modes.correction_settings(cfg)
-    on_policy.reuse_blockers(cfg, Qwen2Config())
+    correction.correction_settings(cfg)
+    pi_old.reuse_blockers(
+        cfg, model_has_dropout=pi_old.has_dropout(Qwen2Config()), estimator_inputs=frozenset()
+    )
     builders.rollout_engine_spec(cfg, share_weights=builders.shares_weights(cfg))
     source = training_modes.build_batch_source(
         cfg, StubCollector(), StubWorker(), None, total_steps=2, version_of=lambda s: s - 1, first_step=1
@@ -50,9 +52,9 @@ def _run_read_sites(cfg) -> None:
 
 
 READ_SITES = {  # (module under stratarl/, function): every place outside config/ that reads async_training
-    ("trainer/training_modes.py", "correction_settings"),
+    ("trainer/correction.py", "correction_settings"),
     ("trainer/training_modes.py", "build_batch_source"),
-    ("trainer/on_policy.py", "reuse_blockers"),
+    ("trainer/pi_old.py", "reuse_blockers"),
     ("trainer/builders.py", "rollout_engine_spec"),
 }
 

@@ -9,7 +9,7 @@ from stratarl.config import load_config
 from stratarl.engine.forward import ResponseScores
 from stratarl.engine.training import BatchTotals
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer import builders, on_policy
+from stratarl.trainer import builders, pi_old
 from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.transport.data_proto import DataProto
 from tests.trainer.test_rl_trainer import small_config
@@ -39,6 +39,19 @@ def test_the_loss_with_pi_old_from_its_forward_equals_the_loss_given_those_log_p
     assert reused[1].abs().sum() > 0  # the gradient is ∇log π_θ·A, not 0
 
 
+def old_log_prob_source(cfg):
+    """Where the trainer takes π_old from for `cfg` (its tiny models have no dropout)."""
+    inputs = builders.estimator_inputs(cfg)
+    return pi_old.choose_old_log_probs(cfg, model_has_dropout=False, estimator_inputs=inputs)
+
+
+def blockers(cfg, model_config):
+    inputs = builders.estimator_inputs(cfg)
+    return pi_old.reuse_blockers(
+        cfg, model_has_dropout=pi_old.has_dropout(model_config), estimator_inputs=inputs
+    )
+
+
 def run_metrics(task, tmp_path, name, *extra):
     cfg = small_config(task, "trainer.total_steps=2", "trainer.test_freq=0", *extra)
     trainer = RLTrainer(cfg, tmp_path / name)
@@ -54,7 +67,7 @@ def test_a_one_step_batch_skips_the_old_forward_and_trains_exactly_as_the_recomp
     _, recomputed_metrics, recomputed_weights = run_metrics(
         task, tmp_path, "recomputed", *one_step, "actor.old_log_prob_from_update=false"
     )
-    assert reused.loss_fn.old_log_prob_from_forward
+    assert reused.actor_loss.old_log_prob_from_forward
     assert all("timing_s/old_log_prob" not in r for r in reused_metrics)
     assert all("timing_s/old_log_prob" in r for r in recomputed_metrics)
     compared = [k for k in recomputed_metrics[0] if k.split("/")[0] in ("actor", "rollout_corr", "critic")]
@@ -81,28 +94,27 @@ def test_a_one_step_batch_skips_the_old_forward_and_trains_exactly_as_the_recomp
 )
 def test_whatever_could_make_them_differ_keeps_the_separate_forward(task, extra, blocker):
     cfg = small_config(task, *extra)
-    reuse, line = on_policy.old_log_prob_reuse(cfg)
-    assert not reuse and blocker in line
+    source = old_log_prob_source(cfg)
+    assert not source.from_update and blocker in source.line
     one_step = load_config(None, ["actor.prompts_per_mini_batch=16"])
-    assert on_policy.reuse_blockers(one_step, Qwen2Config()) == []
-    assert "the model has dropout" in on_policy.reuse_blockers(one_step, Qwen2Config(attention_dropout=0.1))
+    assert blockers(one_step, Qwen2Config()) == []
+    assert "the model has dropout" in blockers(one_step, Qwen2Config(attention_dropout=0.1))
 
 
 def test_the_start_up_line_of_bypass_mode_says_that_no_forward_runs(task):
     """Was: "old log-probs: a separate forward (… bypass_mode (π_old is π_rollout))", which
     contradicts itself: bypass mode takes π_old from the rollout and runs no old-log-prob forward."""
-    reuse, line = on_policy.old_log_prob_reuse(
-        small_config(task, "algorithm.rollout_correction.bypass_mode=true")
-    )
+    source = old_log_prob_source(small_config(task, "algorithm.rollout_correction.bypass_mode=true"))
+    reuse, line = source.from_update, source.line
     assert not reuse and "separate forward" not in line
     assert (
         line.startswith("old log-probs: the rollout's own, no old-log-prob forward") and "π_rollout" in line
     )
-    _, recompute = on_policy.old_log_prob_reuse(small_config(task, "actor.prompts_per_mini_batch=2"))
+    recompute = old_log_prob_source(small_config(task, "actor.prompts_per_mini_batch=2")).line
     assert recompute.startswith("old log-probs: a separate forward")
 
 
 def test_two_mini_batches_still_run_the_old_forward(task, tmp_path):
     trainer, metrics, _ = run_metrics(task, tmp_path, "two", "actor.prompts_per_mini_batch=2")
-    assert not trainer.loss_fn.old_log_prob_from_forward
+    assert not trainer.actor_loss.old_log_prob_from_forward
     assert all(r["timing_s/old_log_prob"] > 0 for r in metrics)
