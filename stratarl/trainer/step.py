@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -36,6 +36,7 @@ from stratarl.reward.manager import RewardManager
 from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer import builders, phases, sampling_phases
 from stratarl.trainer.actor_loss import ActorLoss
+from stratarl.trainer.agent_rollout import AgentRollout
 from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.correction import NoCorrection
 from stratarl.trainer.critic_loss import ValueLoss
@@ -48,23 +49,10 @@ from stratarl.transport.data_proto import DataProto
 ROUND_SEED_STRIDE = 7919  # round r of a step samples with the step's seed + r · this
 
 
-class Rollout(Protocol):
-    """The rollout phase for N rows: one turn (`SingleTurn`) or an agent's multi-turn episodes
-    (`agent_rollout.AgentRollout`, whose rows may come back scored: agent.streaming_reward)."""
-
-    def generate(
-        self,
-        worker: PolicyHandle,
-        batch: DataProto,
-        sampling: SamplingParams,
-        *,
-        seed: int | None,
-        rewards: RewardManager | None = None,
-    ) -> tuple[DataProto, dict[str, float]]: ...
-
-
 class SingleTurn:
-    """One response per row, token-in/token-out."""
+    """The rollout phase for N rows, one response each, token-in/token-out; an agent's multi-turn
+    episodes take its place (`agent_rollout.AgentRollout.generate`, whose rows may come back scored:
+    agent.streaming_reward)."""
 
     def generate(
         self,
@@ -127,7 +115,7 @@ class RLStep:
     monitor: PhaseMonitor
     tracer: StepTracer
     version_of: Callable[[int], int]  # step -> the policy version it trains
-    rollout: Rollout = field(default_factory=SingleTurn)
+    rollout: SingleTurn | AgentRollout = field(default_factory=SingleTurn)
     correction: Callable[[DataProto], tuple[DataProto, dict[str, float]]] = field(
         default_factory=NoCorrection
     )
