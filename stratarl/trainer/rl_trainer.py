@@ -31,10 +31,12 @@ from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.stack_dumps import write_error_report
+from stratarl.run_directory import checkpointing
+from stratarl.run_directory.claim import RunLock, claim_run_directory
+from stratarl.run_directory.run_summary import finish_run, write_placement
 from stratarl.trainer import (
     agent_rollout,
     builders,
-    checkpointing,
     interruption,
     on_policy,
     phases,
@@ -48,8 +50,6 @@ from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.collect import BatchCollector
 from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested
 from stratarl.trainer.learn import StepLearner
-from stratarl.trainer.run_directory import RunLock, claim_run_directory
-from stratarl.trainer.run_summary import finish_run, write_placement
 from stratarl.trainer.step_metrics import step_metrics
 from stratarl.trainer.tracing import StepTracer, step_diagnostics
 from stratarl.trainer.validation import record_validation, run_validation

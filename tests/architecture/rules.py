@@ -24,8 +24,14 @@ ALLOWED_INTERNAL: dict[str, frozenset[str]] = {
     "config": frozenset({"algo"}),
     **{pkg: frozenset({"algo", "transport", "observe", *LAYER5}) for pkg in LAYER5},
     "cluster": frozenset({"algo", "transport", "observe", *LAYER5}),
+    # A run directory's records (lock, lineage, checkpoint contents, end products): what the
+    # trainer writes when it decides to; they name the config and the cluster's checkpoint and
+    # handle types, never the trainer that drives them.
+    "run_directory": frozenset({"config", "cluster", "observe"}),
     # The trainer reaches engines and rollout only through cluster handles.
-    "trainer": frozenset({"config", "cluster", "transport", "algo", "observe", "data", "reward", "agent"}),
+    "trainer": frozenset(
+        {"config", "run_directory", "cluster", "transport", "algo", "observe", "data", "reward", "agent"}
+    ),
 }
 
 # Interface modules (data types, no compute) a package may import although their layer is closed to

@@ -32,6 +32,12 @@ def test_clean_tree_passes(tmp_path):
         "stratarl/engine/actor.py": "import torch.distributed as dist\nimport transformers\n",
         "stratarl/cli.py": "from stratarl.trainer import fit\nfrom stratarl.engine import actor\n",
         "stratarl/trainer/phases.py": "from stratarl.rollout.interface import SamplingParams\n",
+        "stratarl/trainer/sft.py": "from stratarl.run_directory.claim import RunLock\n",
+        "stratarl/run_directory/checkpointing.py": (
+            "from stratarl.config import RunConfig\n"
+            "from stratarl.cluster.run_checkpoint import RunCheckpoint\n"
+            "from stratarl.observe.run_log import write_atomically\n"
+        ),
     }
     assert rules_broken(tmp_path, files) == set()
 
@@ -48,6 +54,11 @@ def test_clean_tree_passes(tmp_path):
         ("stratarl/trainer/bad.py", "from stratarl.engine.actor import Actor\n"),
         ("stratarl/trainer/bad.py", "from stratarl.rollout.torch_engine import TorchRolloutEngine\n"),
         ("stratarl/observe/bad.py", "from stratarl.trainer import fit\n"),
+        ("stratarl/run_directory/bad.py", "from stratarl.trainer.rl_trainer import RLTrainer\n"),
+        ("stratarl/run_directory/bad.py", "from ..trainer import phases\n"),
+        ("stratarl/run_directory/bad.py", "from stratarl.engine.checkpoint import CheckpointManager\n"),
+        ("stratarl/cluster/bad.py", "from stratarl.run_directory.checkpointing import trainer_state\n"),
+        ("stratarl/observe/bad.py", "from stratarl.run_directory import claim\n"),
     ],
 )
 def test_wrong_import_direction_is_caught(tmp_path, rel, source):

@@ -1,4 +1,4 @@
-"""Layer 2, control flow: a run directory holds one run (its lineage), written by one process at a time.
+"""Run directory, beside layer 2: what a start may do in its run directory, and the run's lineage.
 
     run.lock     the process writing the run: pid and host, held with flock while it lives
     run.json     the lineage: its id, status (running | finished | interrupted: stopped by
@@ -33,7 +33,7 @@ from rich.console import Console
 
 from stratarl.config import RunConfig, save_resolved_config
 from stratarl.observe.run_log import write_atomically
-from stratarl.trainer.resume_rules import Change, config_changes, review_changes
+from stratarl.run_directory.resume_rules import Change, config_changes, review_changes
 
 LOCK_FILE, RECORD_FILE, CONFIG_FILE = "run.lock", "run.json", "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
