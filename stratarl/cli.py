@@ -31,7 +31,7 @@ def _default_run_dir(name: str) -> Path:
 
 def _quickstart(args: argparse.Namespace) -> int:
     if args.run_dir and Path(args.run_dir).is_dir() and any(Path(args.run_dir).iterdir()):
-        from stratarl.run_directory.claim import RunDirectoryError
+        from stratarl.run_directory.lock import RunDirectoryError
 
         raise RunDirectoryError(
             f"refusing to start the quickstart in {args.run_dir}: it is not empty, and a new run there "
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from stratarl.config import ConfigError
-    from stratarl.run_directory.claim import RunDirectoryError
+    from stratarl.run_directory.lock import RunDirectoryError
     from stratarl.trainer.interruption import RunInterrupted
 
     try:

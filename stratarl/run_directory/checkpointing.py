@@ -28,7 +28,8 @@ from typing import Any
 
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.observe.run_log import replace_atomically
-from stratarl.run_directory.claim import RunClaim, RunDirectoryError
+from stratarl.run_directory.claim import RunClaim
+from stratarl.run_directory.lock import RunDirectoryError
 
 CHECKPOINT_DIR = "checkpoints"
 LOG_FILES = ("metrics.jsonl", "trajectories.jsonl")

@@ -32,7 +32,8 @@ from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.stack_dumps import write_error_report
 from stratarl.run_directory import checkpointing
-from stratarl.run_directory.claim import RunLock, claim_run_directory
+from stratarl.run_directory.claim import claim_run_directory
+from stratarl.run_directory.lock import RunLock
 from stratarl.run_directory.run_summary import finish_run, write_placement
 from stratarl.trainer import (
     agent_rollout,

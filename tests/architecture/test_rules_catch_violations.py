@@ -32,7 +32,7 @@ def test_clean_tree_passes(tmp_path):
         "stratarl/engine/actor.py": "import torch.distributed as dist\nimport transformers\n",
         "stratarl/cli.py": "from stratarl.trainer import fit\nfrom stratarl.engine import actor\n",
         "stratarl/trainer/phases.py": "from stratarl.rollout.interface import SamplingParams\n",
-        "stratarl/trainer/sft.py": "from stratarl.run_directory.claim import RunLock\n",
+        "stratarl/trainer/sft.py": "from stratarl.run_directory.lock import RunLock\n",
         "stratarl/run_directory/checkpointing.py": (
             "from stratarl.config import RunConfig\n"
             "from stratarl.cluster.run_checkpoint import RunCheckpoint\n"
