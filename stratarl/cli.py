@@ -38,13 +38,13 @@ def _quickstart(args: argparse.Namespace) -> int:
             "would mix with what it holds. Give another --run-dir (or leave it out for a fresh one)."
         )
     if args.task == "tool":
-        from stratarl.trainer.tool_quickstart import ToolTaskSettings, run_tool_quickstart
+        from stratarl.apps.tool_quickstart import ToolTaskSettings, run_tool_quickstart
 
         run_dir = args.run_dir or _default_run_dir("quickstart-tool")
         task = ToolTaskSettings(model_size=args.model_size) if args.model_size else ToolTaskSettings()
         run_tool_quickstart(run_dir, seed=args.seed, overrides=args.overrides, task=task)
         return 0
-    from stratarl.trainer.quickstart import TaskSettings, run_quickstart
+    from stratarl.apps.quickstart import TaskSettings, run_quickstart
 
     task = TaskSettings(model_size=args.model_size or "1m")
     run_quickstart(
@@ -112,7 +112,7 @@ def _sft(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from stratarl.trainer.task_init import init_task
+    from stratarl.apps.task_init import init_task
 
     out = Path(args.out)
     if out.is_dir() and any(out.iterdir()):

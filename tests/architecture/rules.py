@@ -15,7 +15,7 @@ PACKAGE = "stratarl"
 LAYER5 = ("engine", "rollout", "agent", "reward", "data")
 
 # Which stratarl packages each package may import (its own package is always allowed).
-# Top-level modules (cli.py, __main__.py, demo.py) compose the layers and may import any of them.
+# Top-level modules (cli.py, __main__.py) compose the layers and may import any of them.
 ALLOWED_INTERNAL: dict[str, frozenset[str]] = {
     "algo": frozenset(),
     "transport": frozenset(),
@@ -33,6 +33,9 @@ ALLOWED_INTERNAL: dict[str, frozenset[str]] = {
         {"config", "run_directory", "cluster", "transport", "algo", "observe", "data", "reward", "agent"}
     ),
 }
+# Applications (the quickstarts, `stratarl init`) compose the layers as cli.py does: they may import
+# every package, and no package may import them (the top-level cli.py does).
+ALLOWED_INTERNAL["apps"] = frozenset(ALLOWED_INTERNAL)
 
 # Interface modules (data types, no compute) a package may import although their layer is closed to
 # it: the trainer builds `SamplingParams` for the rollout phase but never touches an engine.
