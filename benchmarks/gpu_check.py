@@ -162,10 +162,10 @@ def environment(device: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from stratarl.apps.quickstart import RECIPE
     from stratarl.config import load_config
     from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
     from stratarl.observe.run_log import read_metrics
-    from stratarl.trainer.quickstart import RECIPE
     from stratarl.trainer.rl_trainer import RLTrainer
 
     args.out.mkdir(parents=True, exist_ok=True)

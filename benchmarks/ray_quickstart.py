@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from stratarl.apps.quickstart import RECIPE, TaskSettings, build_task
 from stratarl.config import load_config
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer.quickstart import RECIPE, TaskSettings, build_task
 from stratarl.trainer.rl_trainer import RLTrainer
 
 PLANS = {

@@ -65,8 +65,8 @@ def held_out_accuracy(model_dir: Path, test_file: Path) -> float:
 
 
 def run_stratarl(run_dir: Path, seed: int) -> dict:
+    from stratarl.apps.quickstart import run_quickstart
     from stratarl.observe.run_log import read_metrics
-    from stratarl.trainer.quickstart import run_quickstart
 
     start = time.perf_counter()
     summary = run_quickstart(run_dir, seed=seed)

@@ -31,20 +31,20 @@ def _default_run_dir(name: str) -> Path:
 
 def _quickstart(args: argparse.Namespace) -> int:
     if args.run_dir and Path(args.run_dir).is_dir() and any(Path(args.run_dir).iterdir()):
-        from stratarl.trainer.run_directory import RunDirectoryError
+        from stratarl.run_directory.lock import RunDirectoryError
 
         raise RunDirectoryError(
             f"refusing to start the quickstart in {args.run_dir}: it is not empty, and a new run there "
             "would mix with what it holds. Give another --run-dir (or leave it out for a fresh one)."
         )
     if args.task == "tool":
-        from stratarl.trainer.tool_quickstart import ToolTaskSettings, run_tool_quickstart
+        from stratarl.apps.tool_quickstart import ToolTaskSettings, run_tool_quickstart
 
         run_dir = args.run_dir or _default_run_dir("quickstart-tool")
         task = ToolTaskSettings(model_size=args.model_size) if args.model_size else ToolTaskSettings()
         run_tool_quickstart(run_dir, seed=args.seed, overrides=args.overrides, task=task)
         return 0
-    from stratarl.trainer.quickstart import TaskSettings, run_quickstart
+    from stratarl.apps.quickstart import TaskSettings, run_quickstart
 
     task = TaskSettings(model_size=args.model_size or "1m")
     run_quickstart(
@@ -63,9 +63,9 @@ def _train(args: argparse.Namespace) -> int:
 
 def _fit(cfg, on_claimed=None) -> int:
     """RL training of a validated config; `on_claimed(run_dir)` runs once the run directory is ours."""
+    from stratarl.run_directory.claim import default_run_dir
     from stratarl.trainer.interruption import StopRequest
     from stratarl.trainer.rl_trainer import RLTrainer
-    from stratarl.trainer.run_directory import default_run_dir
 
     # The same on every launch: running the command again resumes the run from its newest
     # checkpoint (trainer.resume_mode=auto), as verl's default_local_dir does.
@@ -100,8 +100,8 @@ def _sft(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides)
     validate_config(cfg)  # its warnings are the RL run's; SFT prints those about what it reads
+    from stratarl.run_directory.claim import default_run_dir
     from stratarl.trainer.interruption import StopRequest
-    from stratarl.trainer.run_directory import default_run_dir
     from stratarl.trainer.sft import sft_from_config
 
     console = Console()
@@ -112,7 +112,7 @@ def _sft(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from stratarl.trainer.task_init import init_task
+    from stratarl.apps.task_init import init_task
 
     out = Path(args.out)
     if out.is_dir() and any(out.iterdir()):
@@ -129,7 +129,7 @@ def _init(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     from stratarl.config import load_config
-    from stratarl.trainer.run_directory import default_run_dir
+    from stratarl.run_directory.claim import default_run_dir
 
     sft_final = default_run_dir(load_config(recipe), suffix="-sft") / "final"
     model = args.model or f"a {args.size} model with its tokenizer, in {out / 'model'}"
@@ -366,8 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from stratarl.config import ConfigError
+    from stratarl.run_directory.lock import RunDirectoryError
     from stratarl.trainer.interruption import RunInterrupted
-    from stratarl.trainer.run_directory import RunDirectoryError
 
     try:
         return args.handler(args)

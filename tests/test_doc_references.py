@@ -21,7 +21,10 @@ PRIVATE_NOTE = re.compile(
 # A path inside the repository: a top-level folder, then segments joined by "/" or "."; a glob
 # (`*`), a placeholder (`<name>`, `{x}`, `$X`) or a longer word around it is not a reference.
 TOP = r"(?:docs|stratarl|benchmarks|recipes|tests|examples)"
-PACKAGES = r"(?:algo|agent|cluster|config|data|engine|observe|reward|rollout|trainer|transport)"
+PACKAGES = (
+    r"(?:algo|agent|apps|cluster|config|data|engine|observe|reward|rollout|run_directory|trainer"
+    r"|transport)"
+)
 END = r"(?![\w*<>{}$-]|[./][\w*<>{}$])"
 ANCHOR = r"(?:#([\w-]+))?"
 REPO_PATH = re.compile(rf"(?<![\w./$<-])({TOP}/[\w-]+(?:[./][\w-]+)*){END}{ANCHOR}")

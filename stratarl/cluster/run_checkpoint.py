@@ -11,7 +11,7 @@ A load restores the policy from the newest complete step (verified against its m
 covers the critic's files too), then the critic from that same step. Each checkpoint's trainer
 state records the run (`lineage`) that wrote it, and retention removes only that run's older
 checkpoints. The trainer decides when to save and which checkpoint to resume
-(`trainer/checkpointing.py`); this handle knows where the roles live.
+(`run_directory/checkpointing.py`); this handle knows where the roles live.
 """
 
 from __future__ import annotations

@@ -32,10 +32,13 @@ from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.stack_dumps import write_error_report
+from stratarl.run_directory import checkpointing
+from stratarl.run_directory.claim import claim_run_directory
+from stratarl.run_directory.lock import RunLock
+from stratarl.run_directory.run_summary import finish_run, write_placement
 from stratarl.trainer import (
     agent_rollout,
     builders,
-    checkpointing,
     interruption,
     phases,
     pi_old,
@@ -48,8 +51,6 @@ from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.batch_sources import BatchSource
 from stratarl.trainer.correction import build_correction
 from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested
-from stratarl.trainer.run_directory import RunLock, claim_run_directory
-from stratarl.trainer.run_summary import finish_run, write_placement
 from stratarl.trainer.step import RewardKL, RLStep, SingleTurn
 from stratarl.trainer.step_settings import StepSettings
 from stratarl.trainer.tracing import StepTracer

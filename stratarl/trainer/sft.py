@@ -29,9 +29,10 @@ from stratarl.data.sampler import PromptSampler
 from stratarl.observe.loggers import make_sinks
 from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog, write_atomically
+from stratarl.run_directory.claim import RunClaim, claim_run_directory
+from stratarl.run_directory.lock import RunLock
 from stratarl.trainer import builders, preflight
 from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested, stopped_line
-from stratarl.trainer.run_directory import RunClaim, RunLock, claim_run_directory
 from stratarl.trainer.validation import evaluate_accuracy
 from stratarl.transport.batch_edge import lay_out_batch_edge
 from stratarl.transport.data_proto import DataProto

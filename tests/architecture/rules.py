@@ -15,7 +15,7 @@ PACKAGE = "stratarl"
 LAYER5 = ("engine", "rollout", "agent", "reward", "data")
 
 # Which stratarl packages each package may import (its own package is always allowed).
-# Top-level modules (cli.py, __main__.py, demo.py) compose the layers and may import any of them.
+# Top-level modules (cli.py, __main__.py) compose the layers and may import any of them.
 ALLOWED_INTERNAL: dict[str, frozenset[str]] = {
     "algo": frozenset(),
     "transport": frozenset(),
@@ -24,9 +24,18 @@ ALLOWED_INTERNAL: dict[str, frozenset[str]] = {
     "config": frozenset({"algo"}),
     **{pkg: frozenset({"algo", "transport", "observe", *LAYER5}) for pkg in LAYER5},
     "cluster": frozenset({"algo", "transport", "observe", *LAYER5}),
+    # A run directory's records (lock, lineage, checkpoint contents, end products): what the
+    # trainer writes when it decides to; they name the config and the cluster's checkpoint and
+    # handle types, never the trainer that drives them.
+    "run_directory": frozenset({"config", "cluster", "observe"}),
     # The trainer reaches engines and rollout only through cluster handles.
-    "trainer": frozenset({"config", "cluster", "transport", "algo", "observe", "data", "reward", "agent"}),
+    "trainer": frozenset(
+        {"config", "run_directory", "cluster", "transport", "algo", "observe", "data", "reward", "agent"}
+    ),
 }
+# Applications (the quickstarts, `stratarl init`) compose the layers as cli.py does: they may import
+# every package, and no package may import them (the top-level cli.py does).
+ALLOWED_INTERNAL["apps"] = frozenset(ALLOWED_INTERNAL)
 
 # Interface modules (data types, no compute) a package may import although their layer is closed to
 # it: the trainer builds `SamplingParams` for the rollout phase but never touches an engine.

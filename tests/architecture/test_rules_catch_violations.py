@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.architecture.rules import MAX_MODULE_LINES, check_tree
+from tests.architecture.rules import ALLOWED_INTERNAL, MAX_MODULE_LINES, check_tree
 
 
 def make_tree(root: Path, files: dict[str, str]) -> Path:
@@ -30,8 +30,22 @@ def test_clean_tree_passes(tmp_path):
         "stratarl/trainer/fit.py": "from stratarl.cluster import handles\nfrom stratarl.algo import x\n",
         "stratarl/cluster/handles.py": "import ray\nfrom stratarl.engine import actor\n",
         "stratarl/engine/actor.py": "import torch.distributed as dist\nimport transformers\n",
-        "stratarl/cli.py": "from stratarl.trainer import fit\nfrom stratarl.engine import actor\n",
+        "stratarl/cli.py": (
+            "from stratarl.trainer import fit\nfrom stratarl.engine import actor\n"
+            "from stratarl.apps.quickstart import run_quickstart\n"
+        ),
         "stratarl/trainer/phases.py": "from stratarl.rollout.interface import SamplingParams\n",
+        "stratarl/trainer/sft.py": "from stratarl.run_directory.lock import RunLock\n",
+        "stratarl/run_directory/checkpointing.py": (
+            "from stratarl.config import RunConfig\n"
+            "from stratarl.cluster.run_checkpoint import RunCheckpoint\n"
+            "from stratarl.observe.run_log import write_atomically\n"
+        ),
+        "stratarl/apps/quickstart.py": (
+            "from stratarl.trainer.rl_trainer import RLTrainer\nfrom stratarl.engine import actor\n"
+            "from stratarl.run_directory import claim\nfrom stratarl.data.tasks import arithmetic\n"
+        ),
+        "stratarl/apps/tool_quickstart.py": "from .quickstart import tiny_model_for\n",
     }
     assert rules_broken(tmp_path, files) == set()
 
@@ -48,10 +62,25 @@ def test_clean_tree_passes(tmp_path):
         ("stratarl/trainer/bad.py", "from stratarl.engine.actor import Actor\n"),
         ("stratarl/trainer/bad.py", "from stratarl.rollout.torch_engine import TorchRolloutEngine\n"),
         ("stratarl/observe/bad.py", "from stratarl.trainer import fit\n"),
+        ("stratarl/run_directory/bad.py", "from stratarl.trainer.rl_trainer import RLTrainer\n"),
+        ("stratarl/run_directory/bad.py", "from ..trainer import phases\n"),
+        ("stratarl/run_directory/bad.py", "from stratarl.engine.checkpoint import CheckpointManager\n"),
+        ("stratarl/cluster/bad.py", "from stratarl.run_directory.checkpointing import trainer_state\n"),
+        ("stratarl/observe/bad.py", "from stratarl.run_directory import claim\n"),
     ],
 )
 def test_wrong_import_direction_is_caught(tmp_path, rel, source):
     assert "layer-direction" in rules_broken(tmp_path, {rel: source})
+
+
+@pytest.mark.parametrize("package", sorted(set(ALLOWED_INTERNAL) - {"apps"}))
+def test_no_package_imports_the_applications(tmp_path, package):
+    """Only top-level modules (the CLI) run the quickstarts and `stratarl init`; a layer that imported
+    them would depend on everything above it."""
+    bad = {f"stratarl/{package}/bad.py": "from stratarl.apps.quickstart import run_quickstart\n"}
+    assert "layer-direction" in rules_broken(tmp_path, bad)
+    relative = {f"stratarl/{package}/bad.py": "from ..apps import task_init\n"}
+    assert "layer-direction" in rules_broken(tmp_path, relative)
 
 
 @pytest.mark.parametrize(

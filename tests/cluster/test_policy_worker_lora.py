@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import load_config, validate_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
@@ -15,7 +16,6 @@ from stratarl.engine.lora import base_state
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import tensor_bytes
 from stratarl.trainer import builders
-from stratarl.trainer.quickstart import RECIPE
 from tests.engine.tiny_batches import policy_gradient_loss
 
 TARGETS = "[q_proj,k_proj,v_proj,o_proj]"  # attention only: 4 layers × 4 matrices

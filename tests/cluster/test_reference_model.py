@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.config import load_config, validate_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tiny_models import build_tiny_model
@@ -13,7 +14,6 @@ from stratarl.engine.actor import Reference
 from stratarl.engine.hf_models import ModelSpec, load_causal_lm
 from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer import builders
-from stratarl.trainer.quickstart import RECIPE
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 import pytest
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.config import ConfigError, load_config, validate_config
-from stratarl.trainer.quickstart import RECIPE
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from stratarl.apps.tool_quickstart import RECIPE
 from stratarl.config import ConfigError, load_config, validate_config
 from stratarl.data.schema import read_rows, write_rows
 from stratarl.observe.run_log import read_metrics
@@ -14,7 +15,6 @@ from stratarl.trainer import builders, phases, reward_builder
 from stratarl.trainer.agent_rollout import build_agent_rollout, check_agent_names
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation, tool_call_success_rate
 from stratarl.trainer.rl_trainer import RLTrainer
-from stratarl.trainer.tool_quickstart import RECIPE
 
 SMALL = [
     "data.prompts_per_step=4",

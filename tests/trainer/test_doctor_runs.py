@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.cli import main
 from stratarl.config import load_config
 from stratarl.observe.doctor import diagnose
@@ -20,7 +21,6 @@ from stratarl.observe.run_log import RunLog
 from stratarl.observe.trace_answers import QUESTIONS
 from stratarl.observe.trace_store import read_steps
 from stratarl.trainer import builders
-from stratarl.trainer.quickstart import RECIPE
 from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.trainer.sft import run_sft, sft_worker
 

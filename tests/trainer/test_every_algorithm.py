@@ -6,9 +6,9 @@ import pytest
 
 from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
 from stratarl.algo.policy_loss import POLICY_LOSSES
+from stratarl.apps.quickstart import RECIPE
 from stratarl.config import load_config
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer.quickstart import RECIPE
 from stratarl.trainer.rl_trainer import RLTrainer
 
 

@@ -11,11 +11,11 @@ pytest.importorskip("ray")
 
 import ray
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.cluster.ranks import WorkerError
 from stratarl.config import load_config
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer import builders
-from stratarl.trainer.quickstart import RECIPE
 from stratarl.trainer.rl_trainer import RLTrainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

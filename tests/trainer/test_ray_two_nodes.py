@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer.quickstart import RECIPE
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]

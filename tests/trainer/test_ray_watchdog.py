@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.config import load_config
 from stratarl.observe.doctor import diagnose
 from stratarl.observe.doctor_view import load_run
 from stratarl.observe.trace_store import read_steps
-from stratarl.trainer.quickstart import RECIPE
 from stratarl.trainer.rl_trainer import RLTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

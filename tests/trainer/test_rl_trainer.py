@@ -8,10 +8,10 @@ import torch
 from rich.console import Console
 from transformers import AutoModelForCausalLM
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.config import ConfigError, load_config
 from stratarl.data.schema import read_rows, write_rows
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer.quickstart import RECIPE
 from stratarl.trainer.rl_trainer import RLTrainer
 
 

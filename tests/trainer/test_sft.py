@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.config import load_config
 from stratarl.observe.run_log import RunLog
 from stratarl.trainer import builders
-from stratarl.trainer.quickstart import RECIPE, sft_worker
-from stratarl.trainer.sft import run_sft, sft_batch
+from stratarl.trainer.sft import run_sft, sft_batch, sft_worker
 
 
 def setup(task):

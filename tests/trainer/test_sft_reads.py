@@ -8,8 +8,8 @@ from pathlib import Path
 
 import stratarl
 from stratarl import cli, config
+from stratarl.apps.quickstart import RECIPE
 from stratarl.config.sft_scope import SFT_READS
-from stratarl.trainer.quickstart import RECIPE
 
 PACKAGE = str(Path(stratarl.__file__).parent)
 NOT_READS = {"validate_config", "sft_warnings"}  # they read every key they check, to decide

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer.quickstart import RECIPE
 
 pytestmark = pytest.mark.vllm
 # vLLM's fp32 CPU kernels against the trainer's forward: measured below 1e-6 per token on this model

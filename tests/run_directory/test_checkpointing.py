@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer.checkpointing import should_save, truncate_logs
+from stratarl.run_directory.checkpointing import should_save, truncate_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ def test_a_kill_during_the_rewrite_of_a_150_mb_log_leaves_the_whole_log(tmp_path
     size, digest = metrics.stat().st_size, _sha256(metrics)
     assert size > 150e6
     code = (
-        "from pathlib import Path; from stratarl.trainer.checkpointing import truncate_logs; "
+        "from pathlib import Path; from stratarl.run_directory.checkpointing import truncate_logs; "
         f"truncate_logs(Path({str(tmp_path)!r}), 200_000)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from stratarl.apps.quickstart import TaskSettings, run_quickstart
 from stratarl.observe.doctor import diagnose
 from stratarl.observe.doctor_view import load_run
-from stratarl.trainer.quickstart import TaskSettings, run_quickstart
 
 
 def problems_gained(summary: dict) -> int:

@@ -14,10 +14,10 @@ from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import RunConfig
 from stratarl.config.setting import leaf_settings
 from stratarl.observe.run_log import read_metrics
+from stratarl.run_directory.lock import LOCK_FILE, RunDirectoryError, RunLock
+from stratarl.run_directory.resume_rules import FIXED, FREE_KEYS
 from stratarl.trainer import builders
-from stratarl.trainer.resume_rules import FIXED, FREE_KEYS
 from stratarl.trainer.rl_trainer import RLTrainer
-from stratarl.trainer.run_directory import LOCK_FILE, RunDirectoryError, RunLock
 from tests.trainer.test_rl_trainer import small_config
 
 
@@ -194,7 +194,7 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder(task, tmp_path):
     """Was: two runs on one directory; one died on a missing manifest.json.tmp, the logs held step 1 twice."""
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from stratarl.trainer.run_directory import RunLock; "
+        [sys.executable, "-c", "import sys, time; from stratarl.run_directory.lock import RunLock; "
          "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)", str(run_dir)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Layer 2, control flow: save a run and resume it exactly where it stopped.
+"""Run directory, beside layer 2: save a run and resume it exactly where it stopped.
 
 What one checkpoint holds (`engine.checkpoint.CheckpointManager` writes it atomically):
 
@@ -28,7 +28,8 @@ from typing import Any
 
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.observe.run_log import replace_atomically
-from stratarl.trainer.run_directory import RunClaim, RunDirectoryError
+from stratarl.run_directory.claim import RunClaim
+from stratarl.run_directory.lock import RunDirectoryError
 
 CHECKPOINT_DIR = "checkpoints"
 LOG_FILES = ("metrics.jsonl", "trajectories.jsonl")

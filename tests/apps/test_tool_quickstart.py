@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from stratarl.apps.tool_quickstart import RECIPE, run_tool_quickstart
 from stratarl.cli import build_parser
 from stratarl.config import load_config, validate_config
-from stratarl.trainer.tool_quickstart import RECIPE, run_tool_quickstart
 
 
 def test_the_task_flag_selects_the_tool_quickstart():

@@ -1,4 +1,4 @@
-"""Layer 2, control flow: the quickstart — from nothing to a measurably better model, on a laptop CPU.
+"""Application: the quickstart — from nothing to a measurably better model, on a laptop CPU.
 
 1. write the arithmetic task as verl-schema parquet (train and held-out test splits);
 2. train a byte-level BPE tokenizer on it and initialise a tiny Qwen2 model (no hub access);

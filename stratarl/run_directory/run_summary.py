@@ -1,5 +1,6 @@
-"""Layer 2, control flow: the summary of a run — what ran, where it went, how it ended — printed as a
-table at the end and written to summary.json, beside the run's other end products (`finish_run`)."""
+"""Run directory, beside layer 2: the summary of a run — what ran, where it went, how it ended —
+printed as a table at the end and written to summary.json, beside the run's other end products
+(`finish_run`)."""
 
 from __future__ import annotations
 

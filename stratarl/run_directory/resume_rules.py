@@ -1,6 +1,6 @@
-"""Layer 2, control flow: which settings a resumed run may change from the config it ran with.
+"""Run directory, beside layer 2: which settings a resumed run may change from the config it ran with.
 
-Three kinds of setting (each listed or matched below; tests/trainer/test_run_directory.py checks
+Three kinds of setting (each listed or matched below; tests/run_directory/test_run_directory.py checks
 that every name is a real setting):
 
 - FIXED: what the run *is* — the model and adapter shapes the checkpoint holds, the seed every

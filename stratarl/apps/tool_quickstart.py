@@ -1,4 +1,4 @@
-"""Layer 2, control flow: the tool quickstart — a tiny model learns to use a calculator, on a laptop CPU.
+"""Application: the tool quickstart — a tiny model learns to use a calculator, on a laptop CPU.
 
 1. write the tool task (`a*b` with 3-digit operands; training demonstrations call the calculator on
    a `tool_fraction` of the rows and answer directly on the rest) and its tools.yaml;
@@ -23,6 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
+from stratarl.apps.quickstart import tiny_model_for
 from stratarl.config import RunConfig, ValidationSamplingConfig, load_config
 from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
 from stratarl.observe.run_log import RunLog, write_atomically
@@ -30,7 +31,6 @@ from stratarl.trainer import builders
 from stratarl.trainer.agent_rollout import build_agent_rollout
 from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation
-from stratarl.trainer.quickstart import tiny_model_for
 from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.validation import overall_accuracy

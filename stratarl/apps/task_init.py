@@ -1,4 +1,4 @@
-"""Layer 2, control flow: `stratarl init` — from any verl-schema parquet to a tiny model and a recipe.
+"""Application: `stratarl init` — from any verl-schema parquet to a tiny model and a recipe.
 
 1. a byte-level BPE tokenizer trained on the task's own text and a random-init tiny model
    (`data.tiny_models`), in <out>/model — or a model directory of the user's (`model_path`);

@@ -1,6 +1,7 @@
-"""Layer 2, control flow: a run directory holds one run (its lineage), written by one process at a time.
+"""Run directory, beside layer 2: what a start may do in its run directory, and the run's lineage.
 
     run.lock     the process writing the run: pid and host, held with flock while it lives
+                 (`lock.RunLock`)
     run.json     the lineage: its id, status (running | finished | interrupted: stopped by
                  Ctrl-C at a safe point), steps done (as of the newest checkpoint or the end), and
                  one entry per start ("legs"): when, where, the command, from which checkpoint,
@@ -17,10 +18,8 @@ the old run aside to <run_dir>.old-<time>). One run's records are never appended
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import socket
 import sys
 import time
 import uuid
@@ -33,16 +32,11 @@ from rich.console import Console
 
 from stratarl.config import RunConfig, save_resolved_config
 from stratarl.observe.run_log import write_atomically
-from stratarl.trainer.resume_rules import Change, config_changes, review_changes
+from stratarl.run_directory.lock import HOST, LOCK_FILE, RunDirectoryError, RunLock, now
+from stratarl.run_directory.resume_rules import Change, config_changes, review_changes
 
-LOCK_FILE, RECORD_FILE, CONFIG_FILE = "run.lock", "run.json", "config.yaml"
+RECORD_FILE, CONFIG_FILE = "run.json", "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
-HOST = socket.gethostname()
-
-
-class RunDirectoryError(ValueError):
-    """A start refused in its run directory (another writer, another run, a config that cannot
-    resume); the message says why and what to do instead."""
 
 
 def default_run_dir(cfg: RunConfig, *, suffix: str = "") -> Path:
@@ -54,80 +48,6 @@ def default_run_dir(cfg: RunConfig, *, suffix: str = "") -> Path:
         if t.run_dir
         else Path(t.output_root) / t.project_name / f"{t.experiment_name}{suffix}"
     )
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-class RunLock:
-    """`run.lock`: at most one process writes a run directory. The lock is an flock, which the
-    kernel drops when its holder dies, so the lock of a killed run is taken over safely; the file
-    names the holder (pid, host, since) for whoever is refused, and is emptied on release. A
-    record left by a process on another host is not taken over: this host cannot tell whether it
-    still runs."""
-
-    def __init__(self, run_dir: str | Path):
-        self.path = Path(run_dir) / LOCK_FILE
-        self._fd: int | None = None
-        self.taken_over: dict[str, Any] | None = None  # the stale record replaced, if any
-
-    def acquire(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise RunDirectoryError(
-                f"{self.path.parent} is being written by {_describe(holder)} ({self.path}); a second "
-                "writer would interleave its steps with that run's. Wait for it to finish or stop it, "
-                "or start this one elsewhere (another trainer.experiment_name or trainer.run_dir)."
-            ) from None
-        previous = _read_holder(fd)
-        if previous and previous.get("host") != HOST:
-            os.close(fd)
-            raise RunDirectoryError(
-                f"{self.path} names {_describe(previous)}, on another host: it may still be running "
-                f"there, which cannot be checked from {HOST}. If it is not, delete {self.path}."
-            )
-        self.taken_over = previous or None
-        record = json.dumps({"pid": os.getpid(), "host": HOST, "since": _now()})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record.encode(), 0)
-        os.fsync(fd)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        fd, self._fd = self._fd, None
-        try:
-            os.ftruncate(fd, 0)  # an empty lock file: nobody holds it
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-
-def _read_holder(fd: int) -> dict[str, Any]:
-    data = os.pread(fd, 4096, 0)
-    try:
-        holder = json.loads(data) if data.strip() else {}
-    except json.JSONDecodeError:
-        return {}
-    return holder if isinstance(holder, dict) else {}
-
-
-def _describe(holder: dict[str, Any]) -> str:
-    if not holder:
-        return "another process"
-    return f"pid {holder.get('pid')} on host {holder.get('host')} (since {holder.get('since')})"
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -174,7 +94,7 @@ class RunClaim:
             )
         save_resolved_config(cfg, self.run_dir)
         leg = {
-            "started": _now(),
+            "started": now(),
             "host": HOST,
             "pid": os.getpid(),
             "command": sys.argv,
@@ -209,11 +129,11 @@ class RunClaim:
     def record_interrupt(self, step: int) -> None:
         """Stopped by Ctrl-C after `step` (steps_done stays the newest checkpoint's): a start with
         trainer.resume_mode=auto continues it from that checkpoint."""
-        self.record |= {"status": "interrupted", "interrupted": _now(), "interrupted_after": step}
+        self.record |= {"status": "interrupted", "interrupted": now(), "interrupted_after": step}
         self._write_record()
 
     def record_finish(self, last_step: int) -> None:
-        self.record |= {"status": "finished", "steps_done": last_step, "finished": _now()}
+        self.record |= {"status": "finished", "steps_done": last_step, "finished": now()}
         self._write_record()
 
     def _write_record(self) -> None:
@@ -305,7 +225,7 @@ def _fresh_claim(run_dir: Path, lock: RunLock, cfg: RunConfig) -> RunClaim:
     record = {
         "format": 1,
         "run_id": uuid.uuid4().hex,
-        "created": _now(),
+        "created": now(),
         "status": "new",
         "steps_done": 0,
         "legs": [],
