@@ -180,6 +180,24 @@ def test_a_failing_remote_reward_is_counted_and_scored_as_configured():
         (["reward.model.enable=true", "reward.model.path=/nowhere"], "reward.model.path"),
         (["reward.num_workers=0"], "reward.num_workers"),
         (["reward.model.enable=true", "reward.model.path=/tmp", "reward.model.gpus=1"], "reward.model.gpus"),
+        (  # on Ray its process has a bundle of its own, which cannot be empty
+            [
+                "reward.model.enable=true",
+                "reward.model.path=/tmp",
+                "cluster.backend=ray",
+                "reward.model.cpus=0",
+            ],
+            "reward.model.cpus",
+        ),
+        (  # a share Ray cannot reserve
+            [
+                "reward.model.enable=true",
+                "reward.model.path=/tmp",
+                "cluster.backend=ray",
+                "reward.model.cpus=1.5",
+            ],
+            "reward.model.cpus",
+        ),
     ],
 )
 def test_reward_settings_are_validated_naming_the_key(task, overrides, key):
