@@ -8,6 +8,8 @@ A role with a model and process group of its own (the critic) placed on a pool a
 process to each bundle: the processes of a bundle each ask Ray for an equal share of it (verl's
 `max_colocate_count`), so they land on the same node and the same GPU, and each uses all of the
 bundle's threads, because they take turns (the phases of a step run one after the other).
+The reward model, when a run has one, is a pool of its own in every plan: one bundle of
+reward.model.cpus / reward.model.gpus, counted and reserved with the others.
 Plans are data, built by name from `PLANS`; `validate_plan` rejects an impossible plan before any
 process starts, naming the config keys to change.
 """
@@ -110,8 +112,21 @@ class WorkerSizes:
     cpus_per_rollout_replica: float = 1.0
     gpus_per_training_worker: float = 0.0
     gpus_per_rollout_replica: float = 0.0
+    reward_model_cpus: float = 1.0
+    reward_model_gpus: float = 0.0
 
 
+# The config key that sets each `WorkerSizes` field.
+SIZE_KEYS = {
+    "training_workers": "cluster.training_workers",
+    "rollout_replicas": "cluster.rollout_replicas",
+    "cpus_per_training_worker": "cluster.cpus_per_training_worker",
+    "cpus_per_rollout_replica": "cluster.cpus_per_rollout_replica",
+    "gpus_per_training_worker": "cluster.gpus_per_training_worker",
+    "gpus_per_rollout_replica": "cluster.gpus_per_rollout_replica",
+    "reward_model_cpus": "reward.model.cpus",
+    "reward_model_gpus": "reward.model.gpus",
+}
 TRAINING_KEYS = (
     "cluster.training_workers",
     "cluster.cpus_per_training_worker",
@@ -122,6 +137,7 @@ ROLLOUT_KEYS = (
     "cluster.cpus_per_rollout_replica",
     "cluster.gpus_per_rollout_replica",
 )
+REWARD_MODEL_KEYS = ("reward.model.cpus", "reward.model.gpus")
 
 
 def _bundles(count: int, cpus: float, gpus: float) -> tuple[Bundle, ...]:
@@ -141,31 +157,49 @@ def colocated_plan(
 ) -> PlacementPlan:
     """One pool of `training_workers` bundles; each process hosts every role (rollout_replicas is
     unused: every process serves generation between its training phases), a critic has a process
-    of its own on each bundle."""
+    of its own on each bundle; a reward model has its pool (`reward_model_pool`)."""
+    policy_roles = [role for role in roles if role != "reward_model"]
     pool = ResourcePool(
         "policy",
         _bundles(sizes.training_workers, sizes.cpus_per_training_worker, sizes.gpus_per_training_worker),
         keys=TRAINING_KEYS,
-        processes_per_bundle=processes_for(roles),
+        processes_per_bundle=processes_for(policy_roles),
     )
-    return PlacementPlan("colocated", (pool,), {role: "policy" for role in roles})
+    return _with_reward_model(
+        PlacementPlan("colocated", (pool,), {role: "policy" for role in policy_roles}), sizes, roles
+    )
 
 
 def split_plan(sizes: WorkerSizes, roles: Sequence[str] = ("actor", "rollout", "reference")) -> PlacementPlan:
-    """Rollout replicas on their own pool; every other role on the training pool."""
+    """Rollout replicas on their own pool; a reward model on its own (`reward_model_pool`); every
+    other role on the training pool."""
+    policy_roles = [role for role in roles if role != "reward_model"]
     training = ResourcePool(
         "training",
         _bundles(sizes.training_workers, sizes.cpus_per_training_worker, sizes.gpus_per_training_worker),
         keys=TRAINING_KEYS,
-        processes_per_bundle=processes_for([role for role in roles if role != "rollout"]),
+        processes_per_bundle=processes_for([role for role in policy_roles if role != "rollout"]),
     )
     rollout = ResourcePool(
         "rollout",
         _bundles(sizes.rollout_replicas, sizes.cpus_per_rollout_replica, sizes.gpus_per_rollout_replica),
         keys=ROLLOUT_KEYS,
     )
-    placed = {role: "rollout" if role == "rollout" else "training" for role in roles}
-    return PlacementPlan("split", (training, rollout), placed)
+    placed = {role: "rollout" if role == "rollout" else "training" for role in policy_roles}
+    return _with_reward_model(PlacementPlan("split", (training, rollout), placed), sizes, roles)
+
+
+def reward_model_pool(sizes: WorkerSizes) -> ResourcePool:
+    """The reward model's pool: one process (it is not sharded) with reward.model.cpus / gpus."""
+    bundle = Bundle(sizes.reward_model_cpus, sizes.reward_model_gpus)
+    return ResourcePool("reward_model", (bundle,), keys=REWARD_MODEL_KEYS)
+
+
+def _with_reward_model(plan: PlacementPlan, sizes: WorkerSizes, roles: Sequence[str]) -> PlacementPlan:
+    if "reward_model" not in roles:
+        return plan
+    pools = (*plan.pools, reward_model_pool(sizes))
+    return PlacementPlan(plan.name, pools, {**plan.roles, "reward_model": "reward_model"})
 
 
 PLANS: dict[str, Callable[..., PlacementPlan]] = {"colocated": colocated_plan, "split": split_plan}

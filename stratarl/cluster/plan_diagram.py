@@ -1,9 +1,10 @@
 """Layer 3, orchestration: placement plans drawn as Mermaid flowcharts, from the plan objects themselves.
 
-docs/architecture.md shows the colocated and split plans (and colocated PPO, whose critic has a
-process of its own on each training bundle) through these drawings; the section
-between the markers is regenerated with `python -m stratarl.cluster.plan_diagram docs/architecture.md`
-and a test keeps it current, so the pictures cannot drift from the code.
+docs/architecture.md shows the colocated and split plans (colocated PPO too, whose critic has a
+process of its own on each training bundle, and a run with a reward model, which has a pool of its
+own) through these drawings; the section between the markers is regenerated with
+`python -m stratarl.cluster.plan_diagram docs/architecture.md` and a test keeps it current, so the
+pictures cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from stratarl.cluster.placement import (
     SEPARATE_PROCESS_ROLES,
+    SIZE_KEYS,
     PlacementPlan,
     ResourcePool,
     WorkerSizes,
@@ -37,6 +39,12 @@ DOC_PLANS = {
         (*GRPO_ROLES, "critic"),
         " algorithm.adv_estimator=gae critic.enable=true",
     ),
+    "colocated-reward-model": (
+        "colocated",
+        WorkerSizes(training_workers=2, cpus_per_training_worker=0.5),
+        (*GRPO_ROLES, "reward_model"),
+        " reward.model.enable=true",
+    ),
 }
 
 
@@ -53,7 +61,8 @@ def render_mermaid(plan: PlacementPlan) -> str:
     """A flowchart: one subgraph per pool, one node per process with the roles it hosts (a critic
     in a process of its own on the same bundle), and the paths data takes: controller → processes
     (prompts, shard references), rows between the processes and the TransferQueue, collectives
-    between ranks, weights to the rollout."""
+    between ranks, weights to the rollout; the reward model reads conversations from the controller
+    and answers with scores (no rows in the queue)."""
     lines = [
         "flowchart LR",
         '  controller["controller: the trainer process"]',
@@ -71,6 +80,12 @@ def render_mermaid(plan: PlacementPlan) -> str:
         lines.append("  end")
     for pool in plan.pools:
         for label, roles in _processes(plan, pool):
+            if roles == ["reward_model"]:
+                lines += [
+                    f"  controller <-->|conversations · scores| {pool.name}{i}"
+                    for i in range(pool.world_size)
+                ]
+                continue
             generates, trains = "rollout" in roles, pool is training
             what = " · ".join(["prompts"] * generates + ["shard refs"] * trains)
             for i in range(pool.world_size):
@@ -100,7 +115,9 @@ def overrides(name: str, sizes: WorkerSizes) -> str:
     """The CLI overrides that select this plan (settings left at their defaults are not repeated)."""
     default = WorkerSizes()
     changed = [
-        f"cluster.{f}={getattr(sizes, f):g}" for f in vars(sizes) if getattr(sizes, f) != getattr(default, f)
+        f"{SIZE_KEYS[f]}={getattr(sizes, f):g}"
+        for f in vars(sizes)
+        if getattr(sizes, f) != getattr(default, f)
     ]
     return " ".join(["cluster.backend=ray", f"cluster.placement={name}", *changed])
 

@@ -90,7 +90,7 @@ class ModelConfig:
 
 @dataclass
 class RewardModelConfig:
-    """A learned reward model as its own worker (a Ray actor with cluster.backend=ray)."""
+    """A learned reward model as its own worker (with cluster.backend=ray a process on a pool of its own)."""
 
     enable: bool = setting(False, "add a reward model's score to the reward", verl="reward_model.enable")
     path: str = setting("", "directory of the HF reward model", verl="reward_model.model.path")
@@ -115,9 +115,15 @@ class RewardModelConfig:
     )
     judge_yes: str = setting("yes", "causal_lm_judge: the one-token verdict whose probability is the score")
     judge_no: str = setting("no", "causal_lm_judge: the one-token verdict against")
-    cpus: float = setting(1.0, "CPUs of the reward model's Ray actor (cluster.backend=ray)")
+    cpus: float = setting(
+        1.0,
+        "CPUs of the reward model's Ray process, its pool in the placement plan (cluster.backend=ray; "
+        "> 0 unless gpus > 0, ≤ 1 or whole); its torch threads follow them unless cluster.threads_per_worker",
+    )
     gpus: float = setting(
-        0.0, "GPUs of the reward model's Ray actor; > 0 runs the model on cuda (cluster.backend=ray)"
+        0.0,
+        "GPUs of the reward model's Ray process, its pool in the placement plan; > 0 runs the model on "
+        "cuda (cluster.backend=ray)",
     )
 
 
@@ -223,7 +229,21 @@ def reward_problems(reward: RewardConfig, *, max_response_tokens: int, backend: 
         (
             m.enable and m.gpus > 0 and backend != "ray",
             ("reward.model.gpus", "cluster.backend"),
-            "a reward model on GPUs runs as a Ray actor: set cluster.backend=ray",
+            "a reward model on GPUs runs as a Ray process: set cluster.backend=ray",
+        ),
+        (
+            m.enable and backend == "ray" and m.cpus == 0 and m.gpus == 0,
+            ("reward.model.cpus", "reward.model.gpus"),
+            "on Ray the reward model's process has a bundle of its own in the placement plan, and a "
+            "bundle needs some CPU or GPU: give it reward.model.cpus > 0 (e.g. 1) or reward.model.gpus > 0",
+        ),
+        *(
+            (
+                m.enable and backend == "ray" and amount > 1 and amount != int(amount),
+                (f"reward.model.{name}",),
+                f"{amount:g} is not a share ≤ 1 or a whole number, what Ray can reserve for a process",
+            )
+            for name, amount in (("cpus", m.cpus), ("gpus", m.gpus))
         ),
         (
             bool(r.url) and not r.url.startswith(("http://", "https://")),

@@ -18,6 +18,7 @@ import torch
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.kl_control import KLController, make_kl_controller
 from stratarl.cluster.critic_group import CriticWorkerGroup
+from stratarl.cluster.placement import PlacementPlan, WorkerSizes, make_plan
 from stratarl.cluster.specs import (
     ActorSpec,
     BatchingSpec,
@@ -213,29 +214,18 @@ def build_policy_worker(
     c = cfg.cluster
     if c.backend == "in-process":
         return PolicyWorkerGroup.in_process(spec, threads=c.threads_per_worker)
-    from stratarl.cluster.placement import WorkerSizes, make_plan
     from stratarl.cluster.ray_policy_group import start_policy_group
 
     n = cfg.rollout.n
-    sizes = WorkerSizes(
-        c.training_workers,
-        c.rollout_replicas,
-        c.cpus_per_training_worker,
-        c.cpus_per_rollout_replica,
-        c.gpus_per_training_worker,
-        c.gpus_per_rollout_replica,
-    )
-    roles = ["actor", "rollout"] + (["reference"] if cfg.uses_reference else [])
     rows = {
         ("data.prompts_per_step", "rollout.n"): cfg.data.prompts_per_step * n,
         ("actor.prompts_per_mini_batch", "rollout.n"): cfg.actor.prompts_per_mini_batch * n,
     }
     if cfg.uses_critic:  # its half of each training bundle is reserved with the plan (build_critic_worker)
-        roles.append("critic")
         rows[("critic.prompts_per_mini_batch", "rollout.n")] = cfg.critic.prompts_per_mini_batch * n
     return start_policy_group(
         spec,
-        make_plan(c.placement, sizes, roles),
+        placement_plan(cfg),
         address=c.address,
         num_cpus=c.num_cpus,
         call_timeout_s=c.call_timeout_s,
@@ -244,6 +234,26 @@ def build_policy_worker(
         queue_units=c.transfer_queue_units,
         rows_per_rank_split=rows,
     )
+
+
+def placement_plan(cfg: RunConfig) -> PlacementPlan:
+    """cluster.placement's plan (cluster.backend=ray) for the run's roles: the policy's, for PPO the
+    critic (its half of each training bundle), and a reward model's pool of its own
+    (reward.model.cpus / gpus) — all reserved when the policy group starts."""
+    c, m = cfg.cluster, cfg.reward.model
+    sizes = WorkerSizes(
+        c.training_workers,
+        c.rollout_replicas,
+        c.cpus_per_training_worker,
+        c.cpus_per_rollout_replica,
+        c.gpus_per_training_worker,
+        c.gpus_per_rollout_replica,
+        reward_model_cpus=m.cpus,
+        reward_model_gpus=m.gpus,
+    )
+    roles = ["actor", "rollout"] + (["reference"] if cfg.uses_reference else [])
+    roles += (["critic"] if cfg.uses_critic else []) + (["reward_model"] if m.enable else [])
+    return make_plan(c.placement, sizes, roles)
 
 
 def rollout_correction_settings(cfg: RunConfig) -> dict[str, Any]:

@@ -1,24 +1,31 @@
 """Layer 2, control flow: the builder of the run's reward — config `reward.*` to a `RewardManager`.
 
 Kept beside `builders` (config stops here too): the rule scorer's worker processes, the reward
-model's worker (its own Ray actor on the Ray backend), the remote reward and the overlong penalty.
+model's worker (on the Ray backend a rank process on the reward model's pool of the policy's
+placement plan), the remote reward and the overlong penalty.
 """
 
 from __future__ import annotations
 
-from stratarl.cluster.reward_worker import RayRewardModel, RewardModelSpec, RewardModelWorker
+from typing import TYPE_CHECKING
+
+from stratarl.cluster.reward_worker import RewardModelSpec, RewardModelWorker
+from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
 from stratarl.reward.manager import InProcessScorer, OverlongSettings, RewardManager
 from stratarl.reward.process_pool import ScoringPool
 from stratarl.reward.remote import RemoteScorer
 from stratarl.trainer.builders import build_compute_score
 
+if TYPE_CHECKING:
+    from stratarl.cluster.ray_reward_model import RayRewardModel
 
-def build_reward(cfg: RunConfig) -> RewardManager:
+
+def build_reward(cfg: RunConfig, policy: PolicyWorkerGroup | None = None) -> RewardManager:
     """The run's reward sources (`reward.*`): the rule scorer in worker processes (in this process with
-    reward.in_process), the reward model (its own worker; a Ray actor with cluster.backend=ray: call
-    this after the policy, whose group joined or started Ray), the remote reward, the overlong
-    penalty. Scoring workers start here."""
+    reward.in_process), the reward model (`build_reward_model`; with cluster.backend=ray it needs
+    `policy`, the policy's worker group, whose plan reserved its pool), the remote reward, the
+    overlong penalty. Scoring workers start here."""
     r = cfg.reward
     rule: InProcessScorer | ScoringPool | None = None
     if r.rule_weight != 0:
@@ -34,7 +41,7 @@ def build_reward(cfg: RunConfig) -> RewardManager:
             )
         )
     try:
-        model = build_reward_model(cfg) if r.model.enable else None
+        model = build_reward_model(cfg, policy) if r.model.enable else None
     except BaseException:
         if rule is not None:
             rule.close()
@@ -68,8 +75,12 @@ def build_reward(cfg: RunConfig) -> RewardManager:
     )
 
 
-def build_reward_model(cfg: RunConfig) -> RewardModelWorker | RayRewardModel:
-    """`reward.model.*` as one worker in this process, or as a Ray actor holding the same worker."""
+def build_reward_model(
+    cfg: RunConfig, policy: PolicyWorkerGroup | None = None
+) -> RewardModelWorker | RayRewardModel:
+    """`reward.model.*` as one `RewardModelWorker` in this process (cluster.backend=in-process), or
+    as a Ray rank process holding the same worker on the reward model's pool, which the policy group
+    (`policy`, built first) reserved with its plan (`builders.placement_plan`)."""
     m = cfg.reward.model
     spec = RewardModelSpec(
         path=m.path,
@@ -84,10 +95,11 @@ def build_reward_model(cfg: RunConfig) -> RewardModelWorker | RayRewardModel:
     )
     if cfg.cluster.backend == "in-process":
         return RewardModelWorker(spec)
-    return RayRewardModel(
-        spec,
-        num_cpus=m.cpus,
-        num_gpus=m.gpus,
-        threads=cfg.cluster.threads_per_worker or 1,
-        call_timeout_s=cfg.cluster.call_timeout_s,
-    )
+    from stratarl.cluster.ray_reward_model import start_reward_model_beside
+
+    if getattr(policy, "deployment", None) is None:
+        raise TypeError(
+            "cluster.backend=ray: the reward model's process goes on the pool the policy's plan "
+            f"reserved; build the policy first and pass it as policy= (got {type(policy).__name__})"
+        )
+    return start_reward_model_beside(policy, spec)

@@ -1,8 +1,9 @@
 """Layer 2, control flow: the run's watchdog from `watchdog.*`, and the worker processes it can dump.
 
 Every phase of `fit()` runs under a deadline (`observe.watchdog`). The worker groups' processes —
-Ray ranks and rollout replicas — are armed at the start, so that a passed deadline (or a Ray call
-that outlives cluster.call_timeout_s) leaves the stacks of every process in <run_dir>/hang/.
+Ray ranks, rollout replicas and the reward model's process — are armed at the start, so that a
+passed deadline (or a Ray call that outlives cluster.call_timeout_s) leaves the stacks of every
+process in <run_dir>/hang/.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def build_watchdog(cfg: RunConfig, run_dir: str | Path) -> Watchdog | None:
         floor_s=w.floor_s,
     )
     return Watchdog(run_dir, policy, grace_s=w.grace_s)
+
+
+def watched_workers(policy: Any, critic: Any = None, rewards: Any = None) -> dict[str, Any]:
+    """The handles whose processes the watchdog arms, by name: the policy's group, the critic's
+    (None without one) and the reward model's (None without one; `rewards`: the `RewardManager`)."""
+    return {"actor": policy, "critic": critic, "reward_model": getattr(rewards, "model", None)}
 
 
 def watch_workers(watchdog: Watchdog, run_dir: str | Path, workers: dict[str, Any]) -> list[str]:

@@ -137,3 +137,38 @@ def test_a_shared_bundle_of_several_gpus_is_rejected_naming_the_critic():
     (problem,) = caught.value.problems
     assert {"cluster.gpus_per_training_worker", "critic.enable"} <= set(problem.keys)
     assert "2 processes (critic and the rest) share each bundle of 2 GPUs" in problem.message
+
+
+def test_a_reward_model_is_a_pool_of_its_own_counted_with_the_others():
+    sizes = WorkerSizes(training_workers=2, reward_model_cpus=2, reward_model_gpus=1)
+    for name in ("colocated", "split"):
+        plan = make_plan(name, sizes, roles=[*ROLES, "reward_model"])
+        pool = plan.pool_of("reward_model")
+        assert pool.name == "reward_model" and pool.bundles == (Bundle(2.0, 1.0),)
+        assert plan.roles_on("reward_model") == ["reward_model"]  # no policy role shares its process
+        assert not plan.is_colocated("reward_model", "actor")
+        assert pool.process_share(0) == Bundle(2.0, 1.0)  # alone on its bundle
+    assert "reward_model" not in {p.name for p in make_plan("colocated", sizes, ROLES).pools}
+    plan = make_plan("colocated", sizes, roles=[*ROLES, "reward_model"])
+    validate_plan(plan, roles=[*ROLES, "reward_model"], cluster_cpus=4, cluster_gpus=1)
+    with pytest.raises(PlacementError) as caught:  # 2 training CPUs + the reward model's 2
+        validate_plan(plan, roles=ROLES, cluster_cpus=3, cluster_gpus=0)
+    messages = [p.message for p in caught.value.problems]
+    assert "the plan needs 4 CPUs (policy 2, reward_model 2), the cluster has 3" in messages
+    assert "the plan needs 1 GPUs (policy 0, reward_model 1), the cluster has 0" in messages
+    assert {"reward.model.cpus", "reward.model.gpus"} <= caught.value.keys
+    empty = make_plan("colocated", WorkerSizes(reward_model_cpus=0), roles=[*ROLES, "reward_model"])
+    with pytest.raises(
+        PlacementError, match="pool 'reward_model': a process needs some CPU or GPU"
+    ) as caught:
+        validate_plan(empty, roles=ROLES, cluster_cpus=16)
+    assert caught.value.keys == {"reward.model.cpus", "reward.model.gpus"}
+
+
+def test_the_drawing_shows_the_reward_model_reading_from_the_controller_not_the_queue():
+    drawing = render_mermaid(make_plan("colocated", *DOC_PLANS["colocated-reward-model"][1:3]))
+    assert 'subgraph reward_model["pool reward_model: 1 × {CPU 1}"]' in drawing
+    assert 'reward_model0["process 0<br/>reward_model"]' in drawing
+    assert "controller <-->|conversations · scores| reward_model0" in drawing
+    assert "reward_model0 -->|rows| queue" not in drawing
+    assert drawing.count("actor · rollout · reference") == 2  # the policy's processes are unchanged

@@ -180,6 +180,24 @@ def test_a_failing_remote_reward_is_counted_and_scored_as_configured():
         (["reward.model.enable=true", "reward.model.path=/nowhere"], "reward.model.path"),
         (["reward.num_workers=0"], "reward.num_workers"),
         (["reward.model.enable=true", "reward.model.path=/tmp", "reward.model.gpus=1"], "reward.model.gpus"),
+        (  # on Ray its process has a bundle of its own, which cannot be empty
+            [
+                "reward.model.enable=true",
+                "reward.model.path=/tmp",
+                "cluster.backend=ray",
+                "reward.model.cpus=0",
+            ],
+            "reward.model.cpus",
+        ),
+        (  # a share Ray cannot reserve
+            [
+                "reward.model.enable=true",
+                "reward.model.path=/tmp",
+                "cluster.backend=ray",
+                "reward.model.cpus=1.5",
+            ],
+            "reward.model.cpus",
+        ),
     ],
 )
 def test_reward_settings_are_validated_naming_the_key(task, overrides, key):
@@ -198,11 +216,15 @@ def test_the_reward_model_as_its_own_ray_actor(task, reward_model, tmp_path, mon
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     run_dir = tmp_path / "run"
-    extra = ["reward.model.enable=true", f"reward.model.path={reward_model}", "reward.model.cpus=0"]
+    # The plan's pools: two 1-CPU training ranks and the reward model's own 1-CPU bundle.
+    extra = ["reward.model.enable=true", f"reward.model.path={reward_model}", "cluster.num_cpus=3"]
     trainer = RLTrainer(ray_config(task, run_dir, "colocated", total_steps=2, extra=extra), run_dir)
     actor_class = type(trainer.rewards.model).__name__
     trainer.fit()
     assert actor_class == "RayRewardModel" and not ray.is_initialized()  # the actor and the cluster ended
+    placement = json.loads((run_dir / "placement.json").read_text())
+    assert len(placement["reward_model"]) == 1 and placement["reward_model"][0] in placement["actor"]
+    assert list((run_dir / "hang" / "ranks").glob("stacks-reward_model-rank0-*.txt"))  # armed by the watchdog
     records = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
     expected_rm = independent_rm_scores(reward_model, [conversation(task, r) for r in records])
     for record, rm in zip(records, expected_rm.tolist(), strict=True):
