@@ -129,7 +129,7 @@ class RLTrainer:
             self.worker, self.critic = builders.build_workers(
                 cfg, self.tokenizer, total_steps=self.total_steps
             )
-            self.rewards = reward_builder.build_reward(cfg)
+            self.rewards = reward_builder.build_reward(cfg, policy=self.worker)
         except BaseException:
             self.stop_processes()
             raise
@@ -188,7 +188,7 @@ class RLTrainer:
             cleanup.callback(self.log.close)
             cleanup.callback(self.stop_processes)
             if self.watchdog is not None:  # every worker process can dump its stacks from now on
-                workers = {"actor": self.worker, "critic": self.critic}
+                workers = run_watch.watched_workers(self.worker, self.critic, self.rewards)
                 run_watch.watch_workers(self.watchdog, self.run_dir, workers)
             try:
                 return self._fit()
