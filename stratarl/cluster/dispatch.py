@@ -7,20 +7,29 @@ pad rows. Updates: each global mini-batch is balanced over the ranks on its own,
 k-th local mini-batch is its share of the k-th global one and D ranks take the optimizer steps one
 rank would (without shuffling); a mini-batch that does not divide is padded with zero-weight rows
 (copies whose response_mask is 0: no tokens, no sequences, no gradient).
+
+A worker group holds one `RowPath`, chosen when it is built: `DirectDispatch` here (the shares travel
+in the calls) or `queue_rows.QueueRows` (the same shares as references into the TransferQueue). Its
+generation, scoring, updates, `materialize`, `clear`, `collecting` and traffic are the group's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
-from stratarl.cluster.ranks import Method, Ranks
+from stratarl.cluster.ranks import ControllerTraffic, Method, Ranks
 from stratarl.engine.partition import rank_balanced_order
+from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
+
+if TYPE_CHECKING:  # rollout_set imports queue_rows, which imports this module
+    from stratarl.cluster.rollout_set import RolloutReplicas
 
 
 @dataclass(frozen=True)
@@ -114,15 +123,63 @@ def split_for_update(
     return UpdateSplit([DataProto.concat(parts) for parts in per_rank], local, pad_rows)
 
 
-# --- a phase over the ranks, its batch through the controller ------------------------------------------
+# --- the data path of a worker group, chosen once ------------------------------------------------------
+class RowPath(Protocol):
+    """How a group's rows reach its ranks and engines and come back: `DirectDispatch` (the rows travel
+    in the calls) or `queue_rows.QueueRows` (the rows stay in the TransferQueue; the calls carry
+    references). A group holds one and delegates to it, never asking which it holds."""
+
+    def generate(
+        self, engines: RolloutReplicas, prompts: DataProto, sampling: SamplingParams, *, seed: int | None
+    ) -> DataProto: ...
+
+    def score(
+        self,
+        ranks: Ranks,
+        phase: str,
+        method: Method,
+        batch: DataProto,
+        columns: Sequence[str],
+        **options: Any,
+    ) -> DataProto: ...
+
+    def update(
+        self,
+        ranks: Ranks,
+        phase: str,
+        method: Method,
+        batch: DataProto,
+        loss_fn: Any,
+        *,
+        mini_batch_size: int,
+        **options: Any,
+    ) -> tuple[list[dict[str, float]], UpdateSplit]: ...
+
+    def materialize(self, batch: DataProto) -> DataProto: ...
+
+    def clear(self, through: int | None = None) -> int: ...
+
+    def collecting(self, step: int) -> AbstractContextManager[None]: ...
+
+    def take_traffic(self) -> dict[str, float]: ...
+
+    def held_metrics(self) -> dict[str, float]: ...
+
+
 @dataclass(frozen=True)
 class DirectDispatch:
-    """Each rank receives its rows in the call (the in-process backend, or Ray without the queue).
-    `queue_rows.QueueRows` has the same two methods for rows that stay in the TransferQueue.
+    """Each rank receives its rows in the call (the in-process backend, or Ray without the queue), so
+    the controller holds every column and keeps nothing between phases.
 
     linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks."""
 
     linear_coeff: float = 0.0
+
+    def generate(
+        self, engines: RolloutReplicas, prompts: DataProto, sampling: SamplingParams, *, seed: int | None
+    ) -> DataProto:
+        """The engines' results come back whole, in the batch-edge layout."""
+        return engines.generate(prompts, sampling, seed=seed)
 
     def score(
         self,
@@ -158,3 +215,22 @@ class DirectDispatch:
         split = split_for_update(tensors, ranks.size, mini_batch_size, linear_coeff=self.linear_coeff)
         options["mini_batch_size"] = split.local_mini_batch_size
         return ranks.call(phase, method, [((shard, loss_fn), options) for shard in split.shards]), split
+
+    def materialize(self, batch: DataProto) -> DataProto:
+        """Every column is here already."""
+        return batch
+
+    def clear(self, through: int | None = None) -> int:
+        """Nothing is held between steps: no row to drop."""
+        return 0
+
+    def collecting(self, step: int) -> AbstractContextManager[None]:
+        """Rows carry no collection label."""
+        return nullcontext()
+
+    def take_traffic(self) -> dict[str, float]:
+        """No bytes of its own: the rows travel in the ranks' calls, counted there."""
+        return ControllerTraffic().take()
+
+    def held_metrics(self) -> dict[str, float]:
+        return {}

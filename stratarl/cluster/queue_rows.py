@@ -24,7 +24,7 @@ import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,10 +38,14 @@ from stratarl.cluster.dispatch import (
 )
 from stratarl.cluster.queue_shard import QueueShard, run_on_queue
 from stratarl.cluster.ranks import Method, Ranks
+from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.kv_meta import QUEUED_FIELDS, FieldInfo, KVBatchMeta
 from stratarl.transport.tensor_codec import dtype_name, tensor_to_array
 from stratarl.transport.transfer_queue import TransferQueue
+
+if TYPE_CHECKING:  # rollout_set imports this module
+    from stratarl.cluster.rollout_set import RolloutReplicas
 
 KEY = "queue_key"
 # What a forward of the model reads: every scoring and update phase sends these.
@@ -168,7 +172,13 @@ class QueueRows:
             zero_weight,
         )
 
-    # --- a phase through the queue -----------------------------------------------------------------
+    # --- a phase through the queue (a `dispatch.RowPath`) -------------------------------------------
+    def generate(
+        self, engines: RolloutReplicas, prompts: DataProto, sampling: SamplingParams, *, seed: int | None
+    ) -> DataProto:
+        """The engines write the rows here; the bulk columns stay (`RolloutReplicas.generate_queued`)."""
+        return engines.generate_queued(prompts, sampling, self, seed=seed)
+
     def score(
         self,
         ranks: Ranks,
@@ -243,6 +253,10 @@ class QueueRows:
         """Keys issued and not cleared yet (rows in the queue, or about to be written)."""
         with self._lock:
             return sum(len(keys) for keys in self._issued.values())
+
+    def held_metrics(self) -> dict[str, float]:
+        """`controller/queue_rows_held`: after a step's clear, the rows of the batches collected ahead."""
+        return {"controller/queue_rows_held": float(self.rows_held)}
 
     def clear(self, through: int | None = None) -> int:
         """The end of a step: drop the unlabelled rows and those collected for steps ≤ `through`

@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from functools import partial
 
+from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.placement import PlacementPlan, validate_plan
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.queue_rows import QueueRows
@@ -102,6 +103,7 @@ def start_policy_group(
         # Storage units hold memory, not compute (0 CPUs): the phases' rows live there.
         queue = ray_transfer_queue(queue_units) if queue_units > 0 else None
         deployment.storage = queue.units if queue is not None else None
+        path = DirectDispatch(linear_coeff) if queue is None else QueueRows(queue, linear_coeff=linear_coeff)
     except BaseException:
         if ranks is not None:
             ranks.stop()
@@ -112,8 +114,7 @@ def start_policy_group(
         rollout,
         separate_rollout=not colocated,
         bucket_bytes=bucket_bytes,
-        linear_coeff=linear_coeff,
-        queue_rows=QueueRows(queue, linear_coeff=linear_coeff) if queue is not None else None,
+        path=path,
         deployment=deployment,
     )
 

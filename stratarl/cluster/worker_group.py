@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import torch
 
-from stratarl.cluster.dispatch import DirectDispatch
+from stratarl.cluster.dispatch import DirectDispatch, RowPath
 from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.cluster.queue_rows import MODEL_INPUTS, QueueRows
+from stratarl.cluster.queue_rows import MODEL_INPUTS
 from stratarl.cluster.ranks import InProcessRanks, Ranks
 from stratarl.cluster.rollout_set import RolloutReplicas
 from stratarl.cluster.specs import PolicySpec
@@ -63,9 +63,10 @@ class PolicyWorkerGroup:
     rollout: the engines that generate — the ranks' own (colocated) or a rollout pool's replicas.
     separate_rollout: True when the rollout engines are not on the ranks (split plan): weight sync
         then pushes from training rank 0 to them instead of loading on every rank.
-    linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks.
-    queue_rows: the TransferQueue the ranks read and write (Ray): each phase then sends every rank a
-        `QueueShard` reference instead of its rows, and the bulk columns never reach the controller.
+    path: how the rows reach the ranks and engines (`dispatch.RowPath`), chosen once:
+        `DirectDispatch` (the default: the rows travel in the calls) or `queue_rows.QueueRows` (Ray:
+        each phase sends every rank a `QueueShard` reference, the bulk columns never reach the
+        controller). Generation, scoring, updates and the queue's upkeep all go through it.
     deployment: the processes and resources behind the ranks, stopped with the group (None: none).
     """
 
@@ -76,15 +77,12 @@ class PolicyWorkerGroup:
         *,
         separate_rollout: bool = False,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        linear_coeff: float = 0.0,
-        queue_rows: QueueRows | None = None,
+        path: RowPath | None = None,
         deployment: Deployment | None = None,
     ):
         self.ranks, self.engines, self.separate_rollout = ranks, rollout, separate_rollout
-        self.bucket_bytes, self.linear_coeff = bucket_bytes, linear_coeff
-        self.rows = queue_rows  # None: batches travel through the controller as DataProto
-        # How a phase's rows reach the ranks: shard references into the queue, or the rows themselves.
-        self.path = queue_rows or DirectDispatch(linear_coeff)
+        self.bucket_bytes = bucket_bytes
+        self.path: RowPath = DirectDispatch() if path is None else path
         self.deployment = deployment
 
     @classmethod
@@ -116,9 +114,7 @@ class PolicyWorkerGroup:
     def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
         """One response per row, row i seeded seed + i; the router keeps a prompt's n samples on one
         engine and balances the rest by load. With the TransferQueue the engines write the rows there."""
-        if self.rows is not None:
-            return self.engines.generate_queued(prompts, sampling, self.rows, seed=seed)
-        return self.engines.generate(prompts, sampling, seed=seed)
+        return self.path.generate(self.engines, prompts, sampling, seed=seed)
 
     @property
     def rollout(self) -> RolloutRouter:
@@ -231,16 +227,16 @@ class PolicyWorkerGroup:
     def materialize(self, batch: DataProto) -> DataProto:
         """A batch of this group with every column in it: the bulk columns the TransferQueue holds
         are read back (what a notebook or a one-process worker needs); as it is without a queue."""
-        return batch if self.rows is None else self.rows.materialize(batch)
+        return self.path.materialize(batch)
 
     def clear_queue(self, through: int | None = None) -> int:
         """Drop the step's rows from the TransferQueue (verl's kv_clear at the end of a step): those
         collected for steps ≤ `through` and the unlabelled ones, or all (None); the rows dropped."""
-        return 0 if self.rows is None else self.rows.clear(through)
+        return self.path.clear(through)
 
     def queue_collection(self, step: int) -> contextlib.AbstractContextManager[None]:
         """Rows this thread writes to the TransferQueue in the block belong to step `step`'s batch."""
-        return contextlib.nullcontext() if self.rows is None else self.rows.collecting(step)
+        return self.path.collecting(step)
 
     # --- the group -------------------------------------------------------------------------------
     def controller_bytes(self) -> dict[str, float]:
@@ -248,13 +244,9 @@ class PolicyWorkerGroup:
         ranks' calls, the rollout's requests and results, and its own TransferQueue reads and
         writes (0 in one process); with the TransferQueue also `controller/queue_rows_held`, the rows
         still in it (after a step's clear: those of the batches collected ahead, none in sync mode)."""
-        parts = [self.ranks.traffic.take(), self.engines.take_traffic()]
-        if self.rows is not None:
-            parts.append(self.rows.take_traffic())
+        parts = [self.ranks.traffic.take(), self.engines.take_traffic(), self.path.take_traffic()]
         traffic = {key: sum(part[key] for part in parts) for key in parts[0]}
-        if self.rows is not None:
-            traffic["controller/queue_rows_held"] = float(self.rows.rows_held)
-        return traffic
+        return traffic | self.path.held_metrics()
 
     def arm_stack_dumps(self, folder: str | Path) -> list[str]:
         """Have every process of the group (ranks, and the rollout replicas of a split plan) dump its

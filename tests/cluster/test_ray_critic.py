@@ -135,7 +135,7 @@ def queued_like_a_ray_rollout(batch: DataProto, rows: QueueRows) -> DataProto:
 
 def test_values_and_an_update_through_the_transfer_queue_are_the_direct_paths(group, tmp_path):
     rows = QueueRows(ray_transfer_queue(2))
-    queued = CriticWorkerGroup(group.ranks, queue_rows=rows)  # the same ranks, fed by references
+    queued = CriticWorkerGroup(group.ranks, path=rows)  # the same ranks, fed by references
     batch = with_returns(ragged_batch(n=7, seed=6), group)
     controller = queued_like_a_ray_rollout(batch, rows)
     values = queued.compute_values(controller)["values"]

@@ -64,7 +64,7 @@ def test_scoring_and_update_through_the_queue_equal_one_process(group, spec):  #
     expected = single.compute_log_prob(full, with_entropy=True)
     torch.testing.assert_close(scored["old_log_probs"], expected["old_log_probs"], atol=2e-5, rtol=1e-5)
     assert scoring_traffic["controller/sent_bytes"] < 4_000  # four shard references, no rows
-    stored = group.rows.queue.get(KVBatchMeta(group.rows.partition, list(batch[KEY]), {}), ["old_log_probs"])
+    stored = group.path.queue.get(KVBatchMeta(group.path.partition, list(batch[KEY]), {}), ["old_log_probs"])
     assert torch.equal(stored["old_log_probs"], scored["old_log_probs"])  # the ranks wrote them
     trained = with_advantages(batch.union(scored))
     one = single.update_actor(with_advantages(full.union(scored)), policy_gradient_loss, mini_batch_size=4)
@@ -76,4 +76,4 @@ def test_scoring_and_update_through_the_queue_equal_one_process(group, spec):  #
     assert update_traffic["controller/sent_bytes"] < trained["advantages"].numel() * 4 + 8_000
     print(f"\nscoring: {scoring_traffic}; update: {update_traffic}")
     group.clear_queue()
-    assert group.rows.queue.stored_bytes() == 0
+    assert group.path.queue.stored_bytes() == 0
