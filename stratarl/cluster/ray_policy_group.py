@@ -33,6 +33,7 @@ from stratarl.cluster.ray_cluster import (
 from stratarl.cluster.ray_ranks import RayRanks
 from stratarl.cluster.rollout_replica import RemoteReplica, RolloutReplica
 from stratarl.cluster.rollout_set import RolloutReplicas
+from stratarl.cluster.rollout_sync import ColocatedSync, SplitSync
 from stratarl.cluster.specs import PolicySpec
 from stratarl.cluster.transfer_queue_ray import ray_transfer_queue
 from stratarl.cluster.worker_group import PolicyWorkerGroup
@@ -112,8 +113,7 @@ def start_policy_group(
     return PolicyWorkerGroup(
         ranks,
         rollout,
-        separate_rollout=not colocated,
-        bucket_bytes=bucket_bytes,
+        rollout_sync=ColocatedSync() if colocated else SplitSync(bucket_bytes),
         path=path,
         deployment=deployment,
     )

@@ -7,8 +7,9 @@ rows: `dispatch.DirectDispatch` splits the batch over the ranks (padded, balance
 through its backend (`ranks`) and gathers the outputs in the original row order; `queue_rows.QueueRows`
 (Ray) does the same with shard references, the rows staying in the TransferQueue. One-to-all calls
 (weight sync, save) send the same arguments to every rank, because the ranks gather the sharded
-weights together. With a separate rollout pool (split plan), generation goes to the replicas, and
-weight sync pushes from training rank 0 to them.
+weights together. How the weights reach the engines is the group's `rollout_sync`
+(`rollout_sync.ColocatedSync`: every rank loads its own engine; `SplitSync`: with a rollout pool of
+its own, generation goes to the replicas and training rank 0 pushes the weights to them).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.queue_rows import MODEL_INPUTS
 from stratarl.cluster.ranks import InProcessRanks, Ranks
 from stratarl.cluster.rollout_set import RolloutReplicas
+from stratarl.cluster.rollout_sync import ColocatedSync, RolloutSync
 from stratarl.cluster.specs import PolicySpec
 from stratarl.engine.actor import LossFn
 from stratarl.engine.checkpoint import LoadedCheckpoint
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.router import RolloutRouter
-from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightLoadReport, WeightSyncError
+from stratarl.rollout.weight_sync import WeightLoadReport, WeightSyncError
 from stratarl.transport.data_proto import DataProto
 
 # What a log-prob forward reads: only these columns travel to the ranks.
@@ -61,8 +63,10 @@ class PolicyWorkerGroup:
     ranks: the ranks' backend (`InProcessRanks` of `PolicyWorker`s, or `RayRanks` of rank processes
         each holding one); rank r holds shard r.
     rollout: the engines that generate — the ranks' own (colocated) or a rollout pool's replicas.
-    separate_rollout: True when the rollout engines are not on the ranks (split plan): weight sync
-        then pushes from training rank 0 to them instead of loading on every rank.
+    rollout_sync: how the weights reach the engines (`rollout_sync.RolloutSync`), chosen once:
+        `ColocatedSync` (the default: every rank loads its own engine) or `SplitSync` (split plan:
+        training rank 0 pushes to the replicas, which are processes of their own whose stacks the
+        group dumps too).
     path: how the rows reach the ranks and engines (`dispatch.RowPath`), chosen once:
         `DirectDispatch` (the default: the rows travel in the calls) or `queue_rows.QueueRows` (Ray:
         each phase sends every rank a `QueueShard` reference, the bulk columns never reach the
@@ -75,13 +79,12 @@ class PolicyWorkerGroup:
         ranks: Ranks,
         rollout: RolloutReplicas,
         *,
-        separate_rollout: bool = False,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        rollout_sync: RolloutSync | None = None,
         path: RowPath | None = None,
         deployment: Deployment | None = None,
     ):
-        self.ranks, self.engines, self.separate_rollout = ranks, rollout, separate_rollout
-        self.bucket_bytes = bucket_bytes
+        self.ranks, self.engines = ranks, rollout
+        self.rollout_sync: RolloutSync = ColocatedSync() if rollout_sync is None else rollout_sync
         self.path: RowPath = DirectDispatch() if path is None else path
         self.deployment = deployment
 
@@ -123,19 +126,8 @@ class PolicyWorkerGroup:
 
     def sync_weights(self, version: int | None = None) -> WeightLoadReport:
         """Actor -> rollout as `version` (default: version + 1). One-to-all: every rank joins the
-        gather of the weights."""
-        if self.separate_rollout:
-            version = self.engines.weight_version + 1 if version is None else version
-            pushed = self.ranks.call_all(
-                "weight_sync",
-                PolicyWorker.push_weights,
-                self.engines.targets,
-                version=version,
-                bucket_bytes=self.bucket_bytes,
-            )
-            reports = pushed[0]  # rank 0 sent: one report per replica
-        else:
-            reports = self.ranks.call_all("weight_sync", PolicyWorker.sync_weights, version)
+        gather of the weights; every engine must then serve the same version."""
+        reports = self.rollout_sync.sync(self.ranks, self.engines, version)
         if len({r.version for r in reports}) != 1:
             raise WeightSyncError(
                 f"rollout engines report versions {[r.version for r in reports]} after a sync"
@@ -251,13 +243,12 @@ class PolicyWorkerGroup:
     def arm_stack_dumps(self, folder: str | Path) -> list[str]:
         """Have every process of the group (ranks, and the rollout replicas of a split plan) dump its
         stacks on request from now on (`RayRanks`, `RolloutReplicas`)."""
-        lines = self.ranks.arm_stack_dumps(folder)
-        return lines + (self.engines.arm_stack_dumps(folder) if self.separate_rollout else [])
+        return self.ranks.arm_stack_dumps(folder) + self.rollout_sync.arm_stack_dumps(self.engines, folder)
 
     def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
         """Every armed process's stacks into `folder`; a line per process for the hang report."""
         lines = self.ranks.dump_stacks(folder, header)
-        return lines + (self.engines.dump_stacks(folder, header) if self.separate_rollout else [])
+        return lines + self.rollout_sync.dump_stacks(self.engines, folder, header)
 
     def shutdown(self) -> None:
         """Stop the ranks, then whatever was started for them (replicas, storage, pools, cluster)."""

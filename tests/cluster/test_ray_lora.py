@@ -14,6 +14,7 @@ ray = pytest.importorskip("ray")
 from stratarl.cluster.placement import WorkerSizes, make_plan  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
 from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
+from stratarl.cluster.rollout_sync import SplitSync  # noqa: E402
 from stratarl.cluster.specs import LoraSpec  # noqa: E402
 from stratarl.cluster.worker_group import PolicyWorkerGroup  # noqa: E402
 from tests.cluster.test_ray_training import SAMPLING  # noqa: E402
@@ -78,5 +79,5 @@ def test_colocated_ranks_sync_the_adapter_alone_after_the_base(cluster, spec):
 def test_split_replicas_receive_the_adapter_alone_after_the_base(cluster, spec):
     plan = make_plan("split", WorkerSizes(training_workers=2, cpus_per_training_worker=0.5))
     with start_policy_group(spec, plan, call_timeout_s=120) as group:
-        assert group.separate_rollout
+        assert isinstance(group.rollout_sync, SplitSync)  # rank 0 pushes to the replica
         check_like_one_process(group, spec)
