@@ -20,6 +20,7 @@ from stratarl.cluster.dispatch import DirectDispatch, RowPath
 from stratarl.cluster.ranks import InProcessRanks, Ranks
 from stratarl.cluster.specs import CriticSpec
 from stratarl.cluster.worker_group import IN_PROCESS, SCORING_COLUMNS, Deployment, set_threads
+from stratarl.engine.requests import UpdateRequest
 from stratarl.engine.training import LossFn
 from stratarl.transport.data_proto import DataProto
 
@@ -73,26 +74,11 @@ class CriticWorkerGroup:
             self.ranks, "critic.value", CriticWorker.compute_values, batch, SCORING_COLUMNS
         )
 
-    def update_critic(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-    ) -> dict[str, float]:
+    def update_critic(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
         ranks average their metrics among themselves, so rank 0's are the group's."""
-        options: dict[str, Any] = dict(epochs=epochs, shuffle_seed=shuffle_seed)
         metrics, split = self.path.update(
-            self.ranks,
-            "critic.update",
-            CriticWorker.update_critic,
-            batch,
-            loss_fn,
-            mini_batch_size=mini_batch_size,
-            **options,
+            self.ranks, "critic.update", CriticWorker.update_critic, batch, loss_fn, request
         )
         pad = {"critic/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {}
         return metrics[0] | pad

@@ -15,6 +15,7 @@ generation, scoring, updates, `materialize`, `clear`, `collecting` and traffic a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import torch
 
 from stratarl.cluster.ranks import ControllerTraffic, Method, Ranks
 from stratarl.engine.partition import rank_balanced_order
+from stratarl.engine.requests import UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 
@@ -123,6 +125,11 @@ def split_for_update(
     return UpdateSplit([DataProto.concat(parts) for parts in per_rank], local, pad_rows)
 
 
+def per_rank_request(request: UpdateRequest, split: UpdateSplit) -> UpdateRequest:
+    """What each rank receives of a global update request: the same, with its local mini-batch size."""
+    return dataclasses.replace(request, mini_batch_size=split.local_mini_batch_size)
+
+
 # --- the data path of a worker group, chosen once ------------------------------------------------------
 class RowPath(Protocol):
     """How a group's rows reach its ranks and engines and come back: `DirectDispatch` (the rows travel
@@ -134,25 +141,11 @@ class RowPath(Protocol):
     ) -> DataProto: ...
 
     def score(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        columns: Sequence[str],
-        **options: Any,
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, columns: Sequence[str], *args: Any
     ) -> DataProto: ...
 
     def update(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        loss_fn: Any,
-        *,
-        mini_batch_size: int,
-        **options: Any,
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, loss_fn: Any, request: UpdateRequest
     ) -> tuple[list[dict[str, float]], UpdateSplit]: ...
 
     def materialize(self, batch: DataProto) -> DataProto: ...
@@ -182,39 +175,25 @@ class DirectDispatch:
         return engines.generate(prompts, sampling, seed=seed)
 
     def score(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        columns: Sequence[str],
-        **options: Any,
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, columns: Sequence[str], *args: Any
     ) -> DataProto:
-        """`method` (a scoring method of the ranks' worker) on D balanced shares of the batch's
-        `columns`; the outputs come back in row order, pad rows dropped."""
+        """`method(worker, share, *args)` (a scoring method of the ranks' worker) on D balanced shares
+        of the batch's `columns`; the outputs come back in row order, pad rows dropped."""
         scoring = batch.select([c for c in columns if c in batch], meta_keys=[])
         split = split_for_ranks(scoring, ranks.size, linear_coeff=self.linear_coeff)
-        outputs = ranks.call(phase, method, [((shard,), options) for shard in split.shards])
+        outputs = ranks.call(phase, method, [((shard, *args), {}) for shard in split.shards])
         return gather_from_ranks(outputs, split)
 
     def update(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        loss_fn: Any,
-        *,
-        mini_batch_size: int,
-        **options: Any,
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, loss_fn: Any, request: UpdateRequest
     ) -> tuple[list[dict[str, float]], UpdateSplit]:
         """`method` (an update of the ranks' worker) on each rank's shares of the global mini-batches;
         engines and losses read tensor columns only (texts, sources and ids stay with the controller).
         Returns each rank's metrics and the split (for its pad-row count)."""
         tensors = batch.select(batch.tensor_keys)
-        split = split_for_update(tensors, ranks.size, mini_batch_size, linear_coeff=self.linear_coeff)
-        options["mini_batch_size"] = split.local_mini_batch_size
-        return ranks.call(phase, method, [((shard, loss_fn), options) for shard in split.shards]), split
+        split = split_for_update(tensors, ranks.size, request.mini_batch_size, linear_coeff=self.linear_coeff)
+        local = per_rank_request(request, split)
+        return ranks.call(phase, method, [((shard, loss_fn, local), {}) for shard in split.shards]), split
 
     def materialize(self, batch: DataProto) -> DataProto:
         """Every column is here already."""

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from stratarl.engine.checkpoint import LoadedCheckpoint
+from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
 from stratarl.engine.training import LossFn
 from stratarl.rollout.interface import RolloutEngine, SamplingParams
 from stratarl.rollout.weight_sync import WeightLoadReport
@@ -38,22 +39,11 @@ class PolicyHandle(Protocol):
 
     def sync_weights(self, version: int | None = None) -> WeightLoadReport: ...
 
-    def compute_log_prob(
-        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
-    ) -> DataProto: ...
+    def compute_log_prob(self, batch: DataProto, request: ScoreRequest = LOG_PROBS_ONLY) -> DataProto: ...
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto: ...
 
-    def update_actor(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-        with_entropy: bool = False,
-    ) -> dict[str, float]: ...
+    def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]: ...
 
     def save_pretrained(self, out_dir: str | Path) -> Path: ...
 
@@ -97,13 +87,7 @@ class CriticHandle(Protocol):
     def compute_values(self, batch: DataProto) -> DataProto: ...
 
     def update_critic(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
+        self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest
     ) -> dict[str, float]: ...
 
     def save_pretrained(self, out_dir: str | Path) -> Path: ...

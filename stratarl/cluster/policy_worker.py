@@ -39,6 +39,7 @@ from stratarl.engine.hf_models import load_causal_lm
 from stratarl.engine.host_memory import use_host_allocator
 from stratarl.engine.lora import AdapterUpdate, apply_lora, base_state, is_lora, strip_prefix
 from stratarl.engine.perf import GIB
+from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
 from stratarl.rollout.factory import build_rollout_engine
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import (
@@ -194,14 +195,10 @@ class PolicyWorker:
         return self.rollout
 
     # --- actor / reference ---------------------------------------------------------------------
-    def compute_log_prob(
-        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
-    ) -> DataProto:
+    def compute_log_prob(self, batch: DataProto, request: ScoreRequest = LOG_PROBS_ONLY) -> DataProto:
         """`old_log_probs` (+ `entropys`, + `sum_pi_squared` for the OTB estimators), one forward."""
         self.release_rollout_cache()
-        out = self.actor.score_responses(
-            batch, with_entropy=with_entropy, with_sum_pi_squared=with_sum_pi_squared
-        )
+        out = self.actor.score_responses(batch, request)
         names = {"log_prob": "old_log_probs", "entropy": "entropys", "sum_pi_squared": "sum_pi_squared"}
         return DataProto.from_dict({names[name]: column for name, column in out.items()})
 
@@ -211,29 +208,13 @@ class PolicyWorker:
         self.release_rollout_cache()
         return DataProto.from_dict({"ref_log_prob": self.reference.compute_log_prob(batch)})
 
-    def update_actor(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-        with_entropy: bool = False,
-    ) -> dict[str, float]:
+    def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """One actor update, inside the hand-off: the rollout's KV cache released first, the optimizer
         state brought back from CPU memory for the update and sent there again after it."""
         self.release_rollout_cache()
         if self.offloads_optimizer:
             self.actor.reload_optimizer()
-        metrics = self.actor.update(
-            batch,
-            loss_fn,
-            mini_batch_size=mini_batch_size,
-            epochs=epochs,
-            shuffle_seed=shuffle_seed,
-            with_entropy=with_entropy,
-        )
+        metrics = self.actor.update(batch, loss_fn, request)
         if self.actor.device.type != "cpu":  # spent: generation gets their memory (4 bytes a parameter)
             self.actor.free_gradients()
         if self.frees_rollout_cache:  # at this step's first training phase, usually the old log-prob

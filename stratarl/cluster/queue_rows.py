@@ -33,11 +33,13 @@ from stratarl.cluster.dispatch import (
     RankSplit,
     UpdateSplit,
     gather_from_ranks,
+    per_rank_request,
     split_for_ranks,
     split_for_update,
 )
 from stratarl.cluster.queue_shard import QueueShard, run_on_queue
 from stratarl.cluster.ranks import Method, Ranks
+from stratarl.engine.requests import UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.kv_meta import QUEUED_FIELDS, FieldInfo, KVBatchMeta
@@ -180,37 +182,23 @@ class QueueRows:
         return engines.generate_queued(prompts, sampling, self, seed=seed)
 
     def score(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        columns: Sequence[str],
-        **options: Any,
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, columns: Sequence[str], *args: Any
     ) -> DataProto:
-        """`method` (a scoring method of the ranks' worker) on the batch's rows, via the queue:
-        store what the controller changed, send each rank a shard reference; the ranks write their
-        outputs to the queue and return them (advantage and metrics read them here)."""
+        """`method(worker, rows, *args)` (a scoring method of the ranks' worker) on the batch's rows,
+        via the queue: store what the controller changed, send each rank a shard reference; the ranks
+        write their outputs to the queue and return them (advantage and metrics read them here)."""
         meta = self.sync(batch, columns)
         shards, split = self.scoring_shards(
             meta, batch["attention_mask"], ranks.size, linear_coeff=self.balance
         )
         outputs = gather_from_ranks(
-            ranks.call(phase, run_on_queue, [((s, method), options) for s in shards]), split
+            ranks.call(phase, run_on_queue, [((s, method, *args), {}) for s in shards]), split
         )
         self.remember(meta.keys, outputs)
         return outputs
 
     def update(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        loss_fn: Any,
-        *,
-        mini_batch_size: int,
-        **options: Any,
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, loss_fn: Any, request: UpdateRequest
     ) -> tuple[list[dict[str, float]], UpdateSplit]:
         """`method` (an update of the ranks' worker) on the batch's rows read from the queue: the
         model's inputs and the columns the loss declares it reads (`loss_fn.reads`; every tensor
@@ -220,10 +208,10 @@ class QueueRows:
         wanted = [*MODEL_INPUTS, *reads] if reads is not None else [*batch.tensor_keys, *queued]
         meta = self.sync(batch, [f for f in dict.fromkeys(wanted) if f in batch.tensor_keys or f in queued])
         shards, split = self.update_shards(
-            meta, batch["attention_mask"], ranks.size, mini_batch_size, linear_coeff=self.balance
+            meta, batch["attention_mask"], ranks.size, request.mini_batch_size, linear_coeff=self.balance
         )
-        options["mini_batch_size"] = split.local_mini_batch_size
-        calls = [((shard, method, loss_fn), options) for shard in shards]
+        local = per_rank_request(request, split)
+        calls = [((shard, method, loss_fn, local), {}) for shard in shards]
         return ranks.call(phase, run_on_queue, calls), split
 
     def materialize(self, batch: DataProto) -> DataProto:

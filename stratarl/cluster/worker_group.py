@@ -29,6 +29,7 @@ from stratarl.cluster.rollout_sync import ColocatedSync, RolloutSync
 from stratarl.cluster.specs import PolicySpec
 from stratarl.engine.actor import LossFn
 from stratarl.engine.checkpoint import LoadedCheckpoint
+from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.router import RolloutRouter
 from stratarl.rollout.weight_sync import WeightLoadReport, WeightSyncError
@@ -139,12 +140,9 @@ class PolicyWorkerGroup:
         return self.engines.weight_version
 
     # --- actor / reference -----------------------------------------------------------------------
-    def compute_log_prob(
-        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
-    ) -> DataProto:
-        options = {"with_entropy": with_entropy, "with_sum_pi_squared": with_sum_pi_squared}
+    def compute_log_prob(self, batch: DataProto, request: ScoreRequest = LOG_PROBS_ONLY) -> DataProto:
         return self.path.score(
-            self.ranks, "actor.log_prob", PolicyWorker.compute_log_prob, batch, SCORING_COLUMNS, **options
+            self.ranks, "actor.log_prob", PolicyWorker.compute_log_prob, batch, SCORING_COLUMNS, request
         )
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
@@ -152,27 +150,11 @@ class PolicyWorkerGroup:
             self.ranks, "reference.log_prob", PolicyWorker.compute_ref_log_prob, batch, SCORING_COLUMNS
         )
 
-    def update_actor(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-        with_entropy: bool = False,
-    ) -> dict[str, float]:
+    def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
         ranks average their metrics among themselves, so rank 0's are the group's."""
-        options = dict(epochs=epochs, shuffle_seed=shuffle_seed, with_entropy=with_entropy)
         metrics, split = self.path.update(
-            self.ranks,
-            "actor.update",
-            PolicyWorker.update_actor,
-            batch,
-            loss_fn,
-            mini_batch_size=mini_batch_size,
-            **options,
+            self.ranks, "actor.update", PolicyWorker.update_actor, batch, loss_fn, request
         )
         return metrics[0] | ({"actor/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {})
 

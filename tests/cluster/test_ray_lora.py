@@ -17,6 +17,7 @@ from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
 from stratarl.cluster.rollout_sync import SplitSync  # noqa: E402
 from stratarl.cluster.specs import LoraSpec  # noqa: E402
 from stratarl.cluster.worker_group import PolicyWorkerGroup  # noqa: E402
+from stratarl.engine.requests import UpdateRequest  # noqa: E402
 from tests.cluster.test_ray_training import SAMPLING  # noqa: E402
 from tests.cluster.test_worker_group import prompts, with_advantages  # noqa: E402
 from tests.cluster.tiny_specs import policy_spec  # noqa: E402
@@ -45,7 +46,7 @@ def two_syncs(group: PolicyWorkerGroup) -> tuple:
     reports = []
     for seed in (1, 2):
         batch = with_advantages(group.generate(prompts(8, seed=seed), SAMPLING, seed=seed))
-        group.update_actor(batch, policy_gradient_loss, mini_batch_size=4)
+        group.update_actor(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
         reports.append(group.sync_weights())
     return tuple(reports)
 
