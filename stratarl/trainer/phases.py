@@ -16,7 +16,14 @@ import torch
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
-from stratarl.cluster.handles import CriticHandle, PolicyHandle, ScoreRequest, UpdateRequest
+from stratarl.cluster.handles import (
+    CriticCompute,
+    CriticHandle,
+    PolicyCompute,
+    PolicyHandle,
+    ScoreRequest,
+    UpdateRequest,
+)
 from stratarl.observe.trace_fields import weight_version_spans
 from stratarl.reward.batch_scorer import RewardResult
 from stratarl.reward.manager import RewardInputs, RewardManager, as_reward_manager
@@ -119,7 +126,7 @@ def reward_extra_columns(result: RewardResult, batch: DataProto) -> dict[str, to
     return columns
 
 
-def old_log_prob(worker: PolicyHandle, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
+def old_log_prob(worker: PolicyCompute, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
     """log π_old of every response token under the weights that are about to be updated (and Σ_v π²,
     for the optimal-token-baseline estimators, from the same forward)."""
     validate(
@@ -187,7 +194,7 @@ def advantage(
 
 
 def update_actor(
-    worker: PolicyHandle,
+    worker: PolicyCompute,
     batch: DataProto,
     loss_fn: Any,
     *,
@@ -210,7 +217,7 @@ def update_actor(
 
 
 def update_critic(
-    critic: CriticHandle,
+    critic: CriticCompute,
     batch: DataProto,
     loss_fn: Any,
     *,
