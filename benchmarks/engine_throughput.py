@@ -29,6 +29,7 @@ from stratarl.engine.actor import Actor
 from stratarl.engine.micro_batches import model_inputs, plan_micro_batches
 from stratarl.engine.packing import padding_share
 from stratarl.engine.perf import ModelFlops, measured_matmul_peak
+from stratarl.engine.requests import UpdateRequest
 from stratarl.transport.data_proto import DataProto
 
 
@@ -133,7 +134,7 @@ def bench_size(size: str, args, peak: float) -> dict:
     metrics = actor.update(
         batch,
         lambda micro, scores, totals: (pg_loss(scores.log_prob, micro, totals.num_tokens), {}),
-        mini_batch_size=len(batch),
+        UpdateRequest(mini_batch_size=len(batch)),
     )
     out["after"]["update_s"] = time.perf_counter() - start
     out["after"]["update_mfu_reported"] = metrics["perf/mfu/actor"]

@@ -5,9 +5,9 @@ in-process rank (`in_process`) or D Ray ranks of the critic's own (`ray_critic_g
 policy's group (`worker_group`), each method names its phase and the `CriticWorker` function the
 ranks run, and `path` carries the rows: `dispatch.DirectDispatch` (padded scoring shares for
 values, per-mini-batch update shares with zero-weight pad rows, gathered in row order) or, on Ray,
-the policy's TransferQueue (`QueueRows`): the ranks read their rows there and write their values
-back, the controller sends references. Checkpoint calls are one-to-all: the ranks gather their
-shards together.
+the policy group's own `QueueRows` over its TransferQueue: the ranks read their rows there and
+write their values back, the controller sends references. Checkpoint calls are one-to-all: the
+ranks gather their shards together.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from stratarl.cluster.critic_worker import CriticWorker
-from stratarl.cluster.dispatch import DirectDispatch
-from stratarl.cluster.queue_rows import QueueRows
+from stratarl.cluster.dispatch import DirectDispatch, RowPath
 from stratarl.cluster.ranks import InProcessRanks, Ranks
 from stratarl.cluster.specs import CriticSpec
 from stratarl.cluster.worker_group import IN_PROCESS, SCORING_COLUMNS, Deployment, set_threads
+from stratarl.engine.requests import UpdateRequest
 from stratarl.engine.training import LossFn
 from stratarl.transport.data_proto import DataProto
 
@@ -29,8 +29,8 @@ class CriticWorkerGroup:
     """The critic's ranks behind `CriticWorker`'s methods.
 
     ranks: `InProcessRanks` of `CriticWorker`s or `RayRanks` of rank processes each holding one.
-    linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks.
-    queue_rows: the policy's TransferQueue rows (Ray), or None: batches travel as DataProto.
+    path: how the rows reach the ranks (`dispatch.RowPath`): `DirectDispatch` (the default: batches
+        travel as DataProto) or, on Ray, the policy group's own `QueueRows` (one TransferQueue).
     deployment: what was started for the ranks, released with the group (None: nothing).
     """
 
@@ -38,12 +38,11 @@ class CriticWorkerGroup:
         self,
         ranks: Ranks,
         *,
-        linear_coeff: float = 0.0,
-        queue_rows: QueueRows | None = None,
+        path: RowPath | None = None,
         deployment: Deployment | None = None,
     ):
-        self.ranks, self.linear_coeff, self.rows = ranks, linear_coeff, queue_rows
-        self.path = queue_rows or DirectDispatch(linear_coeff)  # as in `PolicyWorkerGroup`
+        self.ranks = ranks
+        self.path: RowPath = DirectDispatch() if path is None else path  # as in `PolicyWorkerGroup`
         self.deployment = deployment
 
     @classmethod
@@ -75,26 +74,11 @@ class CriticWorkerGroup:
             self.ranks, "critic.value", CriticWorker.compute_values, batch, SCORING_COLUMNS
         )
 
-    def update_critic(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-    ) -> dict[str, float]:
+    def update_critic(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
         ranks average their metrics among themselves, so rank 0's are the group's."""
-        options: dict[str, Any] = dict(epochs=epochs, shuffle_seed=shuffle_seed)
         metrics, split = self.path.update(
-            self.ranks,
-            "critic.update",
-            CriticWorker.update_critic,
-            batch,
-            loss_fn,
-            mini_batch_size=mini_batch_size,
-            **options,
+            self.ranks, "critic.update", CriticWorker.update_critic, batch, loss_fn, request
         )
         pad = {"critic/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {}
         return metrics[0] | pad

@@ -22,6 +22,7 @@ from stratarl.engine.checkpoint import CheckpointManager
 from stratarl.engine.critic import Critic, load_value_model
 from stratarl.engine.host_memory import use_host_allocator
 from stratarl.engine.lora import strip_prefix
+from stratarl.engine.requests import UpdateRequest
 from stratarl.engine.training import LossFn
 from stratarl.transport.data_proto import DataProto
 
@@ -61,18 +62,8 @@ class CriticWorker:
         """[N, T] V(s_t) of every response token under the current critic (`values`)."""
         return DataProto.from_dict({"values": self.critic.compute_values(batch)})
 
-    def update_critic(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-    ) -> dict[str, float]:
-        return self.critic.update(
-            batch, loss_fn, mini_batch_size=mini_batch_size, epochs=epochs, shuffle_seed=shuffle_seed
-        )
+    def update_critic(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
+        return self.critic.update(batch, loss_fn, request)
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """The value model as an HF directory; a collective when sharded (the full weights are

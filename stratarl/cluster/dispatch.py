@@ -7,20 +7,31 @@ pad rows. Updates: each global mini-batch is balanced over the ranks on its own,
 k-th local mini-batch is its share of the k-th global one and D ranks take the optimizer steps one
 rank would (without shuffling); a mini-batch that does not divide is padded with zero-weight rows
 (copies whose response_mask is 0: no tokens, no sequences, no gradient).
+
+A worker group holds one `RowPath`, chosen when it is built: `DirectDispatch` here (the shares travel
+in the calls) or `queue_rows.QueueRows` (the same shares as references into the TransferQueue). Its
+generation, scoring, updates, `materialize`, `clear`, `collecting` and traffic are the group's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
-from stratarl.cluster.ranks import Method, Ranks
+from stratarl.cluster.ranks import ControllerTraffic, Method, Ranks
 from stratarl.engine.partition import rank_balanced_order
+from stratarl.engine.requests import UpdateRequest
+from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
+
+if TYPE_CHECKING:  # rollout_set imports queue_rows, which imports this module
+    from stratarl.cluster.rollout_set import RolloutReplicas
 
 
 @dataclass(frozen=True)
@@ -114,47 +125,91 @@ def split_for_update(
     return UpdateSplit([DataProto.concat(parts) for parts in per_rank], local, pad_rows)
 
 
-# --- a phase over the ranks, its batch through the controller ------------------------------------------
+def per_rank_request(request: UpdateRequest, split: UpdateSplit) -> UpdateRequest:
+    """What each rank receives of a global update request: the same, with its local mini-batch size."""
+    return dataclasses.replace(request, mini_batch_size=split.local_mini_batch_size)
+
+
+# --- the data path of a worker group, chosen once ------------------------------------------------------
+class RowPath(Protocol):
+    """How a group's rows reach its ranks and engines and come back: `DirectDispatch` (the rows travel
+    in the calls) or `queue_rows.QueueRows` (the rows stay in the TransferQueue; the calls carry
+    references). A group holds one and delegates to it, never asking which it holds."""
+
+    def generate(
+        self, engines: RolloutReplicas, prompts: DataProto, sampling: SamplingParams, *, seed: int | None
+    ) -> DataProto: ...
+
+    def score(
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, columns: Sequence[str], *args: Any
+    ) -> DataProto: ...
+
+    def update(
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, loss_fn: Any, request: UpdateRequest
+    ) -> tuple[list[dict[str, float]], UpdateSplit]: ...
+
+    def materialize(self, batch: DataProto) -> DataProto: ...
+
+    def clear(self, through: int | None = None) -> int: ...
+
+    def collecting(self, step: int) -> AbstractContextManager[None]: ...
+
+    def take_traffic(self) -> dict[str, float]: ...
+
+    def held_metrics(self) -> dict[str, float]: ...
+
+
 @dataclass(frozen=True)
 class DirectDispatch:
-    """Each rank receives its rows in the call (the in-process backend, or Ray without the queue).
-    `queue_rows.QueueRows` has the same two methods for rows that stay in the TransferQueue.
+    """Each rank receives its rows in the call (the in-process backend, or Ray without the queue), so
+    the controller holds every column and keeps nothing between phases.
 
     linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks."""
 
     linear_coeff: float = 0.0
 
-    def score(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        columns: Sequence[str],
-        **options: Any,
+    def generate(
+        self, engines: RolloutReplicas, prompts: DataProto, sampling: SamplingParams, *, seed: int | None
     ) -> DataProto:
-        """`method` (a scoring method of the ranks' worker) on D balanced shares of the batch's
-        `columns`; the outputs come back in row order, pad rows dropped."""
+        """The engines' results come back whole, in the batch-edge layout."""
+        return engines.generate(prompts, sampling, seed=seed)
+
+    def score(
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, columns: Sequence[str], *args: Any
+    ) -> DataProto:
+        """`method(worker, share, *args)` (a scoring method of the ranks' worker) on D balanced shares
+        of the batch's `columns`; the outputs come back in row order, pad rows dropped."""
         scoring = batch.select([c for c in columns if c in batch], meta_keys=[])
         split = split_for_ranks(scoring, ranks.size, linear_coeff=self.linear_coeff)
-        outputs = ranks.call(phase, method, [((shard,), options) for shard in split.shards])
+        outputs = ranks.call(phase, method, [((shard, *args), {}) for shard in split.shards])
         return gather_from_ranks(outputs, split)
 
     def update(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        loss_fn: Any,
-        *,
-        mini_batch_size: int,
-        **options: Any,
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, loss_fn: Any, request: UpdateRequest
     ) -> tuple[list[dict[str, float]], UpdateSplit]:
         """`method` (an update of the ranks' worker) on each rank's shares of the global mini-batches;
         engines and losses read tensor columns only (texts, sources and ids stay with the controller).
         Returns each rank's metrics and the split (for its pad-row count)."""
         tensors = batch.select(batch.tensor_keys)
-        split = split_for_update(tensors, ranks.size, mini_batch_size, linear_coeff=self.linear_coeff)
-        options["mini_batch_size"] = split.local_mini_batch_size
-        return ranks.call(phase, method, [((shard, loss_fn), options) for shard in split.shards]), split
+        split = split_for_update(tensors, ranks.size, request.mini_batch_size, linear_coeff=self.linear_coeff)
+        local = per_rank_request(request, split)
+        return ranks.call(phase, method, [((shard, loss_fn, local), {}) for shard in split.shards]), split
+
+    def materialize(self, batch: DataProto) -> DataProto:
+        """Every column is here already."""
+        return batch
+
+    def clear(self, through: int | None = None) -> int:
+        """Nothing is held between steps: no row to drop."""
+        return 0
+
+    def collecting(self, step: int) -> AbstractContextManager[None]:
+        """Rows carry no collection label."""
+        return nullcontext()
+
+    def take_traffic(self) -> dict[str, float]:
+        """No bytes of its own: the rows travel in the ranks' calls, counted there."""
+        return ControllerTraffic().take()
+
+    def held_metrics(self) -> dict[str, float]:
+        return {}

@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,8 +37,9 @@ from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.hf_models import load_causal_lm
 from stratarl.engine.host_memory import use_host_allocator
-from stratarl.engine.lora import apply_lora, base_state, is_lora, strip_prefix
+from stratarl.engine.lora import AdapterUpdate, apply_lora, base_state, is_lora, strip_prefix
 from stratarl.engine.perf import GIB
+from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
 from stratarl.rollout.factory import build_rollout_engine
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import (
@@ -50,6 +51,7 @@ from stratarl.rollout.weight_sync import (
 from stratarl.transport.data_proto import DataProto
 
 CHECKPOINT_ROLE = "actor"  # its directory in a checkpoint
+Delivered = TypeVar("Delivered")  # what a weight delivery returns: one report, or one per replica
 
 
 def data_parallel(precision: PrecisionSpec, *, distributed: bool) -> DataParallel:
@@ -143,14 +145,15 @@ class PolicyWorker:
         version = engine.weight_version + 1 if version is None else version  # a resume sets it
         if self.spec.rollout.share_weights:  # the engine serves the actor's model: nothing to copy
             return engine.serve_shared_weights(self.actor.model, version)
-        if not is_lora(self.actor.model):
-            return engine.load_weights(dp.broadcast_object(self.actor.export_weights()), version)
-        base = None if self._base_synced else lora_base_weights(self.actor)
-        adapter = self.actor.export_adapter()  # full on rank 0, empty elsewhere
-        base, adapter = dp.broadcast_object((base, adapter))
-        report = engine.load_adapter(adapter, version, base=base)
-        self._base_synced = True
-        return report
+
+        def full(state: dict) -> WeightLoadReport:
+            return engine.load_weights(dp.broadcast_object(state), version)
+
+        def lora(base: dict | None, adapter: AdapterUpdate) -> WeightLoadReport:
+            base, adapter = dp.broadcast_object((base, adapter))
+            return engine.load_adapter(adapter, version, base=base)
+
+        return self._send_weights(full, lora)
 
     def push_weights(
         self, replicas: Sequence[WeightSyncTarget], *, version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES
@@ -158,16 +161,29 @@ class PolicyWorker:
         """Split plan: every rank joins the gather; rank 0 sends the weights to each rollout replica,
         directly (not through the controller): the full weights in buckets, checked by version and
         checksum; for a LoRA actor the base weights and adapter the first time, then the adapter."""
-        if is_lora(self.actor.model):
-            base = None if self._base_synced else lora_base_weights(self.actor)
-            adapter, self._base_synced = self.actor.export_adapter(), True
-            if self.actor.dp.rank != 0:
-                return []
-            return [replica.load_adapter(adapter, version, base=base) for replica in replicas]
-        state = self.actor.export_weights()
-        if self.actor.dp.rank != 0:
-            return []
-        return push_weights(state, replicas, version=version, bucket_bytes=bucket_bytes)
+        sends = self.actor.dp.rank == 0
+
+        def full(state: dict) -> list[WeightLoadReport]:
+            return push_weights(state, replicas, version=version, bucket_bytes=bucket_bytes) if sends else []
+
+        def lora(base: dict | None, adapter: AdapterUpdate) -> list[WeightLoadReport]:
+            return [r.load_adapter(adapter, version, base=base) for r in replicas] if sends else []
+
+        return self._send_weights(full, lora)
+
+    def _send_weights(
+        self, full: Callable[[dict], Delivered], lora: Callable[[dict | None, AdapterUpdate], Delivered]
+    ) -> Delivered:
+        """The actor's weights out, through `full` (the full weights, LoRA merged) or, for a LoRA actor,
+        `lora`: the base weights and the adapter the first time, then the adapter alone (base None;
+        verl's adapter-only sync after `base_sync_done`). A collective: every rank gathers, rank 0
+        holds the tensors (the others empty ones), and the delivery decides who sends."""
+        if not is_lora(self.actor.model):
+            return full(self.actor.export_weights())
+        base = None if self._base_synced else lora_base_weights(self.actor)
+        delivered = lora(base, self.actor.export_adapter())
+        self._base_synced = True  # the engines hold the base weights from now on
+        return delivered
 
     @property
     def weight_version(self) -> int:
@@ -179,14 +195,10 @@ class PolicyWorker:
         return self.rollout
 
     # --- actor / reference ---------------------------------------------------------------------
-    def compute_log_prob(
-        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
-    ) -> DataProto:
+    def compute_log_prob(self, batch: DataProto, request: ScoreRequest = LOG_PROBS_ONLY) -> DataProto:
         """`old_log_probs` (+ `entropys`, + `sum_pi_squared` for the OTB estimators), one forward."""
         self.release_rollout_cache()
-        out = self.actor.score_responses(
-            batch, with_entropy=with_entropy, with_sum_pi_squared=with_sum_pi_squared
-        )
+        out = self.actor.score_responses(batch, request)
         names = {"log_prob": "old_log_probs", "entropy": "entropys", "sum_pi_squared": "sum_pi_squared"}
         return DataProto.from_dict({names[name]: column for name, column in out.items()})
 
@@ -196,29 +208,13 @@ class PolicyWorker:
         self.release_rollout_cache()
         return DataProto.from_dict({"ref_log_prob": self.reference.compute_log_prob(batch)})
 
-    def update_actor(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-        with_entropy: bool = False,
-    ) -> dict[str, float]:
+    def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """One actor update, inside the hand-off: the rollout's KV cache released first, the optimizer
         state brought back from CPU memory for the update and sent there again after it."""
         self.release_rollout_cache()
         if self.offloads_optimizer:
             self.actor.reload_optimizer()
-        metrics = self.actor.update(
-            batch,
-            loss_fn,
-            mini_batch_size=mini_batch_size,
-            epochs=epochs,
-            shuffle_seed=shuffle_seed,
-            with_entropy=with_entropy,
-        )
+        metrics = self.actor.update(batch, loss_fn, request)
         if self.actor.device.type != "cpu":  # spent: generation gets their memory (4 bytes a parameter)
             self.actor.free_gradients()
         if self.frees_rollout_cache:  # at this step's first training phase, usually the old log-prob

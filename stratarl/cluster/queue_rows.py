@@ -24,7 +24,7 @@ import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,15 +33,21 @@ from stratarl.cluster.dispatch import (
     RankSplit,
     UpdateSplit,
     gather_from_ranks,
+    per_rank_request,
     split_for_ranks,
     split_for_update,
 )
 from stratarl.cluster.queue_shard import QueueShard, run_on_queue
 from stratarl.cluster.ranks import Method, Ranks
+from stratarl.engine.requests import UpdateRequest
+from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.kv_meta import QUEUED_FIELDS, FieldInfo, KVBatchMeta
 from stratarl.transport.tensor_codec import dtype_name, tensor_to_array
 from stratarl.transport.transfer_queue import TransferQueue
+
+if TYPE_CHECKING:  # rollout_set imports this module
+    from stratarl.cluster.rollout_set import RolloutReplicas
 
 KEY = "queue_key"
 # What a forward of the model reads: every scoring and update phase sends these.
@@ -168,39 +174,31 @@ class QueueRows:
             zero_weight,
         )
 
-    # --- a phase through the queue -----------------------------------------------------------------
-    def score(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        columns: Sequence[str],
-        **options: Any,
+    # --- a phase through the queue (a `dispatch.RowPath`) -------------------------------------------
+    def generate(
+        self, engines: RolloutReplicas, prompts: DataProto, sampling: SamplingParams, *, seed: int | None
     ) -> DataProto:
-        """`method` (a scoring method of the ranks' worker) on the batch's rows, via the queue:
-        store what the controller changed, send each rank a shard reference; the ranks write their
-        outputs to the queue and return them (advantage and metrics read them here)."""
+        """The engines write the rows here; the bulk columns stay (`RolloutReplicas.generate_queued`)."""
+        return engines.generate_queued(prompts, sampling, self, seed=seed)
+
+    def score(
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, columns: Sequence[str], *args: Any
+    ) -> DataProto:
+        """`method(worker, rows, *args)` (a scoring method of the ranks' worker) on the batch's rows,
+        via the queue: store what the controller changed, send each rank a shard reference; the ranks
+        write their outputs to the queue and return them (advantage and metrics read them here)."""
         meta = self.sync(batch, columns)
         shards, split = self.scoring_shards(
             meta, batch["attention_mask"], ranks.size, linear_coeff=self.balance
         )
         outputs = gather_from_ranks(
-            ranks.call(phase, run_on_queue, [((s, method), options) for s in shards]), split
+            ranks.call(phase, run_on_queue, [((s, method, *args), {}) for s in shards]), split
         )
         self.remember(meta.keys, outputs)
         return outputs
 
     def update(
-        self,
-        ranks: Ranks,
-        phase: str,
-        method: Method,
-        batch: DataProto,
-        loss_fn: Any,
-        *,
-        mini_batch_size: int,
-        **options: Any,
+        self, ranks: Ranks, phase: str, method: Method, batch: DataProto, loss_fn: Any, request: UpdateRequest
     ) -> tuple[list[dict[str, float]], UpdateSplit]:
         """`method` (an update of the ranks' worker) on the batch's rows read from the queue: the
         model's inputs and the columns the loss declares it reads (`loss_fn.reads`; every tensor
@@ -210,10 +208,10 @@ class QueueRows:
         wanted = [*MODEL_INPUTS, *reads] if reads is not None else [*batch.tensor_keys, *queued]
         meta = self.sync(batch, [f for f in dict.fromkeys(wanted) if f in batch.tensor_keys or f in queued])
         shards, split = self.update_shards(
-            meta, batch["attention_mask"], ranks.size, mini_batch_size, linear_coeff=self.balance
+            meta, batch["attention_mask"], ranks.size, request.mini_batch_size, linear_coeff=self.balance
         )
-        options["mini_batch_size"] = split.local_mini_batch_size
-        calls = [((shard, method, loss_fn), options) for shard in shards]
+        local = per_rank_request(request, split)
+        calls = [((shard, method, loss_fn, local), {}) for shard in shards]
         return ranks.call(phase, run_on_queue, calls), split
 
     def materialize(self, batch: DataProto) -> DataProto:
@@ -243,6 +241,10 @@ class QueueRows:
         """Keys issued and not cleared yet (rows in the queue, or about to be written)."""
         with self._lock:
             return sum(len(keys) for keys in self._issued.values())
+
+    def held_metrics(self) -> dict[str, float]:
+        """`controller/queue_rows_held`: after a step's clear, the rows of the batches collected ahead."""
+        return {"controller/queue_rows_held": float(self.rows_held)}
 
     def clear(self, through: int | None = None) -> int:
         """The end of a step: drop the unlabelled rows and those collected for steps ≤ `through`

@@ -23,6 +23,7 @@ from ray.util.placement_group import PlacementGroup
 
 from stratarl.cluster.critic_group import CriticWorkerGroup
 from stratarl.cluster.critic_worker import CriticWorker
+from stratarl.cluster.dispatch import DirectDispatch, RowPath
 from stratarl.cluster.placement import (
     PlacementError,
     PlacementPlan,
@@ -30,7 +31,6 @@ from stratarl.cluster.placement import (
     processes_for,
     validate_plan,
 )
-from stratarl.cluster.queue_rows import QueueRows
 from stratarl.cluster.rank_process import start_ranks
 from stratarl.cluster.ray_cluster import (
     RayDeployment,
@@ -68,14 +68,15 @@ def start_critic_group(
         session.shutdown()
         raise
     deployment = RayDeployment(session, own, pools, call_timeout_s, threads_per_worker)
-    return _start(spec, deployment, None, backend=backend, linear_coeff=linear_coeff)
+    return _start(spec, deployment, DirectDispatch(linear_coeff), backend=backend)
 
 
 def start_critic_beside(
     policy: PolicyWorkerGroup, spec: CriticSpec, *, backend: str = "gloo"
 ) -> CriticWorkerGroup:
     """The critic's ranks on the pools the policy group reserved (the other half of each training
-    bundle), reading the rows of the policy's TransferQueue, with its timeout and threads."""
+    bundle), its rows on the policy group's path (its TransferQueue, if any), with its timeout and
+    threads."""
     placed: RayDeployment | None = policy.deployment  # type: ignore[assignment]
     if not isinstance(placed, RayDeployment):
         raise TypeError("the critic's Ray ranks go beside a policy group started on Ray (start_policy_group)")
@@ -88,17 +89,10 @@ def start_critic_beside(
         placed.threads,
         owns_pools=False,
     )
-    return _start(spec, beside, policy.rows, backend=backend, linear_coeff=policy.linear_coeff)
+    return _start(spec, beside, policy.path, backend=backend)
 
 
-def _start(
-    spec: CriticSpec,
-    deployment: RayDeployment,
-    queue_rows: QueueRows | None,
-    *,
-    backend: str,
-    linear_coeff: float,
-) -> CriticWorkerGroup:
+def _start(spec: CriticSpec, deployment: RayDeployment, path: RowPath, *, backend: str) -> CriticWorkerGroup:
     pool = deployment.plan.pool_of("critic")
     group: PlacementGroup = deployment.placement_groups[pool.name]
     try:
@@ -116,7 +110,7 @@ def _start(
         deployment.stop()
         raise
     deployment.nodes["critic"] = ranks.nodes
-    return CriticWorkerGroup(ranks, linear_coeff=linear_coeff, queue_rows=queue_rows, deployment=deployment)
+    return CriticWorkerGroup(ranks, path=path, deployment=deployment)
 
 
 def check_critic_placement(plan: PlacementPlan) -> None:

@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from functools import partial
 
+from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.placement import PlacementPlan, validate_plan
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.queue_rows import QueueRows
@@ -32,6 +33,7 @@ from stratarl.cluster.ray_cluster import (
 from stratarl.cluster.ray_ranks import RayRanks
 from stratarl.cluster.rollout_replica import RemoteReplica, RolloutReplica
 from stratarl.cluster.rollout_set import RolloutReplicas
+from stratarl.cluster.rollout_sync import ColocatedSync, SplitSync
 from stratarl.cluster.specs import PolicySpec
 from stratarl.cluster.transfer_queue_ray import ray_transfer_queue
 from stratarl.cluster.worker_group import PolicyWorkerGroup
@@ -102,6 +104,7 @@ def start_policy_group(
         # Storage units hold memory, not compute (0 CPUs): the phases' rows live there.
         queue = ray_transfer_queue(queue_units) if queue_units > 0 else None
         deployment.storage = queue.units if queue is not None else None
+        path = DirectDispatch(linear_coeff) if queue is None else QueueRows(queue, linear_coeff=linear_coeff)
     except BaseException:
         if ranks is not None:
             ranks.stop()
@@ -110,10 +113,8 @@ def start_policy_group(
     return PolicyWorkerGroup(
         ranks,
         rollout,
-        separate_rollout=not colocated,
-        bucket_bytes=bucket_bytes,
-        linear_coeff=linear_coeff,
-        queue_rows=QueueRows(queue, linear_coeff=linear_coeff) if queue is not None else None,
+        rollout_sync=ColocatedSync() if colocated else SplitSync(bucket_bytes),
+        path=path,
         deployment=deployment,
     )
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from stratarl.cluster.critic_worker import CHECKPOINT_ROLE
-from stratarl.cluster.handles import CriticHandle, PolicyHandle
+from stratarl.cluster.handles import CriticLifecycle, PolicyLifecycle
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
 
 
@@ -34,8 +34,8 @@ class RunCheckpoint:
         self,
         root: str | Path,
         *,
-        policy: PolicyHandle,
-        critic: CriticHandle | None = None,
+        policy: PolicyLifecycle,
+        critic: CriticLifecycle | None = None,
         max_to_keep: int | None = None,
         lineage: str | None = None,
     ):

@@ -7,8 +7,9 @@ rows: `dispatch.DirectDispatch` splits the batch over the ranks (padded, balance
 through its backend (`ranks`) and gathers the outputs in the original row order; `queue_rows.QueueRows`
 (Ray) does the same with shard references, the rows staying in the TransferQueue. One-to-all calls
 (weight sync, save) send the same arguments to every rank, because the ranks gather the sharded
-weights together. With a separate rollout pool (split plan), generation goes to the replicas, and
-weight sync pushes from training rank 0 to them.
+weights together. How the weights reach the engines is the group's `rollout_sync`
+(`rollout_sync.ColocatedSync`: every rank loads its own engine; `SplitSync`: with a rollout pool of
+its own, generation goes to the replicas and training rank 0 pushes the weights to them).
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from typing import Any, Protocol
 
 import torch
 
-from stratarl.cluster.dispatch import DirectDispatch
+from stratarl.cluster.dispatch import DirectDispatch, RowPath
 from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.cluster.queue_rows import MODEL_INPUTS, QueueRows
+from stratarl.cluster.queue_rows import MODEL_INPUTS
 from stratarl.cluster.ranks import InProcessRanks, Ranks
 from stratarl.cluster.rollout_set import RolloutReplicas
+from stratarl.cluster.rollout_sync import ColocatedSync, RolloutSync
 from stratarl.cluster.specs import PolicySpec
 from stratarl.engine.actor import LossFn
 from stratarl.engine.checkpoint import LoadedCheckpoint
+from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.router import RolloutRouter
-from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightLoadReport, WeightSyncError
+from stratarl.rollout.weight_sync import WeightLoadReport, WeightSyncError
 from stratarl.transport.data_proto import DataProto
 
 # What a log-prob forward reads: only these columns travel to the ranks.
@@ -61,11 +64,14 @@ class PolicyWorkerGroup:
     ranks: the ranks' backend (`InProcessRanks` of `PolicyWorker`s, or `RayRanks` of rank processes
         each holding one); rank r holds shard r.
     rollout: the engines that generate — the ranks' own (colocated) or a rollout pool's replicas.
-    separate_rollout: True when the rollout engines are not on the ranks (split plan): weight sync
-        then pushes from training rank 0 to them instead of loading on every rank.
-    linear_coeff: the a of the a·s + s² work estimate that balances rows over ranks.
-    queue_rows: the TransferQueue the ranks read and write (Ray): each phase then sends every rank a
-        `QueueShard` reference instead of its rows, and the bulk columns never reach the controller.
+    rollout_sync: how the weights reach the engines (`rollout_sync.RolloutSync`), chosen once:
+        `ColocatedSync` (the default: every rank loads its own engine) or `SplitSync` (split plan:
+        training rank 0 pushes to the replicas, which are processes of their own whose stacks the
+        group dumps too).
+    path: how the rows reach the ranks and engines (`dispatch.RowPath`), chosen once:
+        `DirectDispatch` (the default: the rows travel in the calls) or `queue_rows.QueueRows` (Ray:
+        each phase sends every rank a `QueueShard` reference, the bulk columns never reach the
+        controller). Generation, scoring, updates and the queue's upkeep all go through it.
     deployment: the processes and resources behind the ranks, stopped with the group (None: none).
     """
 
@@ -74,17 +80,13 @@ class PolicyWorkerGroup:
         ranks: Ranks,
         rollout: RolloutReplicas,
         *,
-        separate_rollout: bool = False,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        linear_coeff: float = 0.0,
-        queue_rows: QueueRows | None = None,
+        rollout_sync: RolloutSync | None = None,
+        path: RowPath | None = None,
         deployment: Deployment | None = None,
     ):
-        self.ranks, self.engines, self.separate_rollout = ranks, rollout, separate_rollout
-        self.bucket_bytes, self.linear_coeff = bucket_bytes, linear_coeff
-        self.rows = queue_rows  # None: batches travel through the controller as DataProto
-        # How a phase's rows reach the ranks: shard references into the queue, or the rows themselves.
-        self.path = queue_rows or DirectDispatch(linear_coeff)
+        self.ranks, self.engines = ranks, rollout
+        self.rollout_sync: RolloutSync = ColocatedSync() if rollout_sync is None else rollout_sync
+        self.path: RowPath = DirectDispatch() if path is None else path
         self.deployment = deployment
 
     @classmethod
@@ -116,9 +118,7 @@ class PolicyWorkerGroup:
     def generate(self, prompts: DataProto, sampling: SamplingParams, *, seed: int | None = None) -> DataProto:
         """One response per row, row i seeded seed + i; the router keeps a prompt's n samples on one
         engine and balances the rest by load. With the TransferQueue the engines write the rows there."""
-        if self.rows is not None:
-            return self.engines.generate_queued(prompts, sampling, self.rows, seed=seed)
-        return self.engines.generate(prompts, sampling, seed=seed)
+        return self.path.generate(self.engines, prompts, sampling, seed=seed)
 
     @property
     def rollout(self) -> RolloutRouter:
@@ -127,19 +127,8 @@ class PolicyWorkerGroup:
 
     def sync_weights(self, version: int | None = None) -> WeightLoadReport:
         """Actor -> rollout as `version` (default: version + 1). One-to-all: every rank joins the
-        gather of the weights."""
-        if self.separate_rollout:
-            version = self.engines.weight_version + 1 if version is None else version
-            pushed = self.ranks.call_all(
-                "weight_sync",
-                PolicyWorker.push_weights,
-                self.engines.targets,
-                version=version,
-                bucket_bytes=self.bucket_bytes,
-            )
-            reports = pushed[0]  # rank 0 sent: one report per replica
-        else:
-            reports = self.ranks.call_all("weight_sync", PolicyWorker.sync_weights, version)
+        gather of the weights; every engine must then serve the same version."""
+        reports = self.rollout_sync.sync(self.ranks, self.engines, version)
         if len({r.version for r in reports}) != 1:
             raise WeightSyncError(
                 f"rollout engines report versions {[r.version for r in reports]} after a sync"
@@ -151,12 +140,9 @@ class PolicyWorkerGroup:
         return self.engines.weight_version
 
     # --- actor / reference -----------------------------------------------------------------------
-    def compute_log_prob(
-        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
-    ) -> DataProto:
-        options = {"with_entropy": with_entropy, "with_sum_pi_squared": with_sum_pi_squared}
+    def compute_log_prob(self, batch: DataProto, request: ScoreRequest = LOG_PROBS_ONLY) -> DataProto:
         return self.path.score(
-            self.ranks, "actor.log_prob", PolicyWorker.compute_log_prob, batch, SCORING_COLUMNS, **options
+            self.ranks, "actor.log_prob", PolicyWorker.compute_log_prob, batch, SCORING_COLUMNS, request
         )
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
@@ -164,27 +150,11 @@ class PolicyWorkerGroup:
             self.ranks, "reference.log_prob", PolicyWorker.compute_ref_log_prob, batch, SCORING_COLUMNS
         )
 
-    def update_actor(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-        with_entropy: bool = False,
-    ) -> dict[str, float]:
+    def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
         ranks average their metrics among themselves, so rank 0's are the group's."""
-        options = dict(epochs=epochs, shuffle_seed=shuffle_seed, with_entropy=with_entropy)
         metrics, split = self.path.update(
-            self.ranks,
-            "actor.update",
-            PolicyWorker.update_actor,
-            batch,
-            loss_fn,
-            mini_batch_size=mini_batch_size,
-            **options,
+            self.ranks, "actor.update", PolicyWorker.update_actor, batch, loss_fn, request
         )
         return metrics[0] | ({"actor/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {})
 
@@ -231,16 +201,16 @@ class PolicyWorkerGroup:
     def materialize(self, batch: DataProto) -> DataProto:
         """A batch of this group with every column in it: the bulk columns the TransferQueue holds
         are read back (what a notebook or a one-process worker needs); as it is without a queue."""
-        return batch if self.rows is None else self.rows.materialize(batch)
+        return self.path.materialize(batch)
 
     def clear_queue(self, through: int | None = None) -> int:
         """Drop the step's rows from the TransferQueue (verl's kv_clear at the end of a step): those
         collected for steps ≤ `through` and the unlabelled ones, or all (None); the rows dropped."""
-        return 0 if self.rows is None else self.rows.clear(through)
+        return self.path.clear(through)
 
     def queue_collection(self, step: int) -> contextlib.AbstractContextManager[None]:
         """Rows this thread writes to the TransferQueue in the block belong to step `step`'s batch."""
-        return contextlib.nullcontext() if self.rows is None else self.rows.collecting(step)
+        return self.path.collecting(step)
 
     # --- the group -------------------------------------------------------------------------------
     def controller_bytes(self) -> dict[str, float]:
@@ -248,24 +218,19 @@ class PolicyWorkerGroup:
         ranks' calls, the rollout's requests and results, and its own TransferQueue reads and
         writes (0 in one process); with the TransferQueue also `controller/queue_rows_held`, the rows
         still in it (after a step's clear: those of the batches collected ahead, none in sync mode)."""
-        parts = [self.ranks.traffic.take(), self.engines.take_traffic()]
-        if self.rows is not None:
-            parts.append(self.rows.take_traffic())
+        parts = [self.ranks.traffic.take(), self.engines.take_traffic(), self.path.take_traffic()]
         traffic = {key: sum(part[key] for part in parts) for key in parts[0]}
-        if self.rows is not None:
-            traffic["controller/queue_rows_held"] = float(self.rows.rows_held)
-        return traffic
+        return traffic | self.path.held_metrics()
 
     def arm_stack_dumps(self, folder: str | Path) -> list[str]:
         """Have every process of the group (ranks, and the rollout replicas of a split plan) dump its
         stacks on request from now on (`RayRanks`, `RolloutReplicas`)."""
-        lines = self.ranks.arm_stack_dumps(folder)
-        return lines + (self.engines.arm_stack_dumps(folder) if self.separate_rollout else [])
+        return self.ranks.arm_stack_dumps(folder) + self.rollout_sync.arm_stack_dumps(self.engines, folder)
 
     def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
         """Every armed process's stacks into `folder`; a line per process for the hang report."""
         lines = self.ranks.dump_stacks(folder, header)
-        return lines + (self.engines.dump_stacks(folder, header) if self.separate_rollout else [])
+        return lines + self.rollout_sync.dump_stacks(self.engines, folder, header)
 
     def shutdown(self) -> None:
         """Stop the ranks, then whatever was started for them (replicas, storage, pools, cluster)."""

@@ -30,6 +30,7 @@ from stratarl.engine.lora import (
 )
 from stratarl.engine.micro_batches import MicroBatching, run_in_micro_batches
 from stratarl.engine.perf import ModelFlops
+from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest
 from stratarl.engine.training import (
     BatchTotals,
     LossFn,
@@ -61,19 +62,18 @@ def _score_batch(
     dp: DataParallel,
     *,
     temperature: float,
-    with_entropy: bool,
-    with_sum_pi_squared: bool = False,
+    request: ScoreRequest = LOG_PROBS_ONLY,
     context: AbstractContextManager | None = None,
 ) -> dict[str, Tensor]:
     """[N, T] columns without gradients, 0 outside response_mask: `log_prob`, and `entropy` /
-    `sum_pi_squared` when asked for."""
+    `sum_pi_squared` when the request asks for them."""
 
     def score(inputs):
         scores = module.score(
             inputs,
             temperature=temperature,
-            with_entropy=with_entropy,
-            with_sum_pi_squared=with_sum_pi_squared,
+            with_entropy=request.with_entropy,
+            with_sum_pi_squared=request.with_sum_pi_squared,
         )
         columns = {"log_prob": scores.log_prob, "entropy": scores.entropy}
         columns["sum_pi_squared"] = scores.sum_pi_squared
@@ -103,9 +103,8 @@ def compute_log_probs(
     lm = causal_lm_of(model)
     scorer = PolicyScorer(lm, logit_chunk_size=logit_chunk_size)
     batching = _batching(lm, micro_batch_size, max_tokens_per_micro_batch, layout)
-    out = _score_batch(
-        scorer, batch, batching, DataParallel(), temperature=temperature, with_entropy=with_entropy
-    )
+    request = ScoreRequest(with_entropy=with_entropy)
+    out = _score_batch(scorer, batch, batching, DataParallel(), temperature=temperature, request=request)
     return out["log_prob"], out.get("entropy")
 
 
@@ -189,22 +188,14 @@ class Actor(TrainingEngine):
         self, batch: DataProto, *, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """[N, T] log π_θ (old_log_probs) and entropies, no gradients, 0 outside response_mask."""
-        out = self.score_responses(batch, with_entropy=with_entropy)
+        out = self.score_responses(batch, ScoreRequest(with_entropy=with_entropy))
         return out["log_prob"], out.get("entropy")
 
-    def score_responses(
-        self, batch: DataProto, *, with_entropy: bool = False, with_sum_pi_squared: bool = False
-    ) -> dict[str, Tensor]:
+    def score_responses(self, batch: DataProto, request: ScoreRequest = LOG_PROBS_ONLY) -> dict[str, Tensor]:
         """One no-grad forward: [N, T] `log_prob`, plus `entropy` and `sum_pi_squared` (Σ_v π(v)²,
-        for the optimal-token-baseline estimators) when asked for; 0 outside response_mask."""
+        for the optimal-token-baseline estimators) when the request asks; 0 outside response_mask."""
         return _score_batch(
-            self.module,
-            batch,
-            self.batching,
-            self.dp,
-            temperature=self.temperature,
-            with_entropy=with_entropy,
-            with_sum_pi_squared=with_sum_pi_squared,
+            self.module, batch, self.batching, self.dp, temperature=self.temperature, request=request
         )
 
     # --- weights out -----------------------------------------------------------------------------
@@ -303,6 +294,5 @@ class Reference:
             self.batching,
             self.dp,
             temperature=self.temperature,
-            with_entropy=False,
             context=self._context(),
         )["log_prob"]

@@ -28,6 +28,7 @@ from stratarl.engine.offload import move_optimizer_state
 from stratarl.engine.optim import build_lr_schedule, build_optimizer
 from stratarl.engine.packing import ModelInputs, padding_share
 from stratarl.engine.perf import ModelFlops, default_peak_flops, memory_metrics, mfu
+from stratarl.engine.requests import UpdateRequest
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.fields import ROW_ID
 
@@ -127,28 +128,20 @@ class TrainingEngine:
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
 
-    def update(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        mini_batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: int | None = None,
-        with_entropy: bool = False,
-    ) -> dict[str, float]:
-        """One training step: `epochs` passes over mini-batches of `mini_batch_size` rows (this rank's),
-        one optimizer step per mini-batch, then one LR-schedule step. Returns metrics summed over
-        micro-batches, averaged over optimizer steps and ranks, plus grad_norm, lr, skipped_steps and
-        perf/* (MFU, padding share computed, memory)."""
+    def update(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
+        """One training step: `request.epochs` passes over mini-batches of `request.mini_batch_size`
+        rows (this rank's), one optimizer step per mini-batch, then one LR-schedule step. Returns
+        metrics summed over micro-batches, averaged over optimizer steps and ranks, plus grad_norm,
+        lr, skipped_steps and perf/* (MFU, padding share computed, memory)."""
         self._check_equal_shards(len(batch))
         self.module.train()
         start = time.perf_counter()
         collected: dict[str, list[float]] = defaultdict(list)
         work = {"flops": 0.0, "computed": 0, "real": 0}
         row_stats: list[dict[str, Tensor]] = []  # per-row statistics of each micro-batch, in order
-        for mini in batch.make_iterator(mini_batch_size, epochs=epochs, seed=shuffle_seed):
-            for name, value in self._optimizer_step(mini, loss_fn, with_entropy, work, row_stats).items():
+        r = request
+        for mini in batch.make_iterator(r.mini_batch_size, epochs=r.epochs, seed=r.shuffle_seed):
+            for name, value in self._optimizer_step(mini, loss_fn, r.with_entropy, work, row_stats).items():
                 collected[name].append(value)
         self.last_row_statistics = latest_per_row(row_stats)
         metrics = self.dp.mean({name: sum(values) / len(values) for name, values in collected.items()})

@@ -16,7 +16,14 @@ import torch
 from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
-from stratarl.cluster.handles import CriticHandle, PolicyHandle
+from stratarl.cluster.handles import (
+    CriticCompute,
+    CriticHandle,
+    PolicyCompute,
+    PolicyHandle,
+    ScoreRequest,
+    UpdateRequest,
+)
 from stratarl.observe.trace_fields import weight_version_spans
 from stratarl.reward.batch_scorer import RewardResult
 from stratarl.reward.manager import RewardInputs, RewardManager, as_reward_manager
@@ -130,15 +137,14 @@ def reward_extra_columns(result: RewardResult, batch: DataProto) -> dict[str, to
     return columns
 
 
-def old_log_prob(worker: PolicyHandle, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
+def old_log_prob(worker: PolicyCompute, batch: DataProto, *, with_sum_pi_squared: bool = False) -> DataProto:
     """log π_old of every response token under the weights that are about to be updated (and Σ_v π²,
     for the optimal-token-baseline estimators, from the same forward)."""
     validate(
         batch, reads=["input_ids", "attention_mask", "position_ids", "responses"], phase="actor.log_prob"
     )
-    batch = batch.union(
-        worker.compute_log_prob(batch, with_entropy=True, with_sum_pi_squared=with_sum_pi_squared)
-    )
+    request = ScoreRequest(with_entropy=True, with_sum_pi_squared=with_sum_pi_squared)
+    batch = batch.union(worker.compute_log_prob(batch, request))
     writes = ["old_log_probs", "entropys", *(["sum_pi_squared"] if with_sum_pi_squared else [])]
     validate(batch, writes=writes, phase="actor.log_prob")
     return batch
@@ -199,7 +205,7 @@ def advantage(
 
 
 def update_actor(
-    worker: PolicyHandle,
+    worker: PolicyCompute,
     batch: DataProto,
     loss_fn: Any,
     *,
@@ -213,21 +219,16 @@ def update_actor(
     reads = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
     reads += [] if from_forward else ["old_log_probs"]
     validate(batch, reads=[*reads, "advantages"], phase="actor.update")
-    metrics = worker.update_actor(
-        batch,
-        loss_fn,
-        mini_batch_size=mini_batch_size,
-        epochs=epochs,
-        shuffle_seed=seed,
-        with_entropy=loss_fn.needs_entropy or from_forward,
-    )
+    entropy = loss_fn.needs_entropy or from_forward
+    request = UpdateRequest(mini_batch_size, epochs, shuffle_seed=seed, with_entropy=entropy)
+    metrics = worker.update_actor(batch, loss_fn, request)
     # Engine metrics (grad_norm, lr) get verl's `actor/` prefix; the loss's own metrics are already
     # named (`actor/pg_loss`, `rollout_corr/...`).
     return {name if "/" in name else f"actor/{name}": value for name, value in metrics.items()}
 
 
 def update_critic(
-    critic: CriticHandle,
+    critic: CriticCompute,
     batch: DataProto,
     loss_fn: Any,
     *,
@@ -238,9 +239,7 @@ def update_critic(
     """The value-model update on the step's returns; returns `critic/*` metrics (verl's names)."""
     reads = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
     validate(batch, reads=[*reads, "values", "returns"], phase="critic.update")
-    metrics = critic.update_critic(
-        batch, loss_fn, mini_batch_size=mini_batch_size, epochs=epochs, shuffle_seed=seed
-    )
+    metrics = critic.update_critic(batch, loss_fn, UpdateRequest(mini_batch_size, epochs, shuffle_seed=seed))
     return {name if "/" in name else f"critic/{name}": value for name, value in metrics.items()}
 
 

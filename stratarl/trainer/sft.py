@@ -20,7 +20,7 @@ import torch
 from rich.console import Console
 
 from stratarl.algo.aggregation import aggregate_loss
-from stratarl.cluster.handles import PolicyHandle
+from stratarl.cluster.handles import PolicyHandle, UpdateRequest
 from stratarl.cluster.specs import ActorSpec, BatchingSpec, OptimizerSettings, PolicySpec
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
@@ -138,7 +138,7 @@ def run_sft(
             indices = sampler.next_batch()
             batch = (make_batch or sft_batch)(dataset, indices, tokenizer)
             _check_example_lengths(batch, dataset, indices, max_tokens, step)
-            metrics = worker.update_actor(batch, sft_loss, mini_batch_size=len(batch))
+            metrics = worker.update_actor(batch, sft_loss, UpdateRequest(len(batch)))
             metrics = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in metrics.items()}
             log.log_metrics(step, metrics, phase="sft")
             if step % log_every == 0 or step == total_steps:

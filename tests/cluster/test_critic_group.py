@@ -9,6 +9,7 @@ from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.ranks import InProcessRanks
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.cluster.worker_group import PolicyWorkerGroup
+from stratarl.engine.requests import UpdateRequest
 from stratarl.transport.data_proto import DataProto
 from tests.cluster.tiny_specs import critic_spec, policy_spec
 from tests.engine.test_critic import value_loss
@@ -32,8 +33,8 @@ def test_one_in_process_rank_is_the_critic_worker(spec):
     group, worker = CriticWorkerGroup.in_process(spec), CriticWorker(spec)
     batch = with_returns(ragged_batch(n=6, seed=3), worker)
     assert torch.equal(group.compute_values(batch)["values"], batch["values"])
-    metrics = group.update_critic(batch, value_loss, mini_batch_size=3)
-    expected = worker.update_critic(batch, value_loss, mini_batch_size=3)
+    metrics = group.update_critic(batch, value_loss, UpdateRequest(mini_batch_size=3))
+    expected = worker.update_critic(batch, value_loss, UpdateRequest(mini_batch_size=3))
     assert (
         metrics["critic/vf_loss"] == expected["critic/vf_loss"]
         and "critic/zero_weight_pad_rows" not in metrics
@@ -59,7 +60,7 @@ def test_a_save_that_dies_after_the_critic_part_leaves_the_previous_checkpoint(s
     batch = with_returns(ragged_batch(n=4, seed=2), critic)
     checkpoint.save(1, tokenizer=None, trainer_state={"global_step": 1})
     at_step_1 = critic.compute_values(batch)["values"]
-    critic.update_critic(batch, value_loss, mini_batch_size=4)
+    critic.update_critic(batch, value_loss, UpdateRequest(mini_batch_size=4))
     critic.stage_checkpoint(tmp_path, 2)  # the critic's part of step 2, then the process dies
     assert checkpoint.steps() == [1] and (tmp_path / ".staged-global_step_2" / "critic").is_dir()
     assert checkpoint.load().step == 1

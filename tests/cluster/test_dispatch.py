@@ -1,14 +1,20 @@
 """Dispatch on simulated ranks: split∘gather keeps row order, padding is visible, shares are balanced."""
 
+import dataclasses
+import pickle
+
 import pytest
 import torch
 
 from stratarl.cluster.dispatch import (
+    DirectDispatch,
     gather_from_ranks,
     pad_with_zero_weight_rows,
     split_for_ranks,
     split_for_update,
 )
+from stratarl.cluster.ranks import InProcessRanks
+from stratarl.engine.requests import UpdateRequest
 from stratarl.transport.data_proto import DataProto
 from tests.engine.tiny_batches import batch_with_lengths
 
@@ -100,3 +106,23 @@ def test_zero_weight_padding_leaves_the_real_rows_untouched():
 def test_update_needs_whole_mini_batches():
     with pytest.raises(ValueError, match="7 rows do not split into mini-batches of 4"):
         split_for_update(batch(7), 2, mini_batch_size=4)
+
+
+class RecordingRank:
+    """A worker whose update keeps the request it received, pickled the way a Ray rank receives it."""
+
+    def update(self, shard: DataProto, loss_fn, request: UpdateRequest) -> dict[str, float]:
+        self.request = pickle.loads(pickle.dumps(request))
+        return {"rows": float(len(shard))}
+
+
+def test_every_rank_receives_the_update_request_with_its_local_mini_batch_size():
+    workers = [RecordingRank(), RecordingRank()]
+    request = UpdateRequest(mini_batch_size=4, epochs=2, shuffle_seed=7, with_entropy=True)
+    ranks = InProcessRanks("actor", workers)
+    metrics, split = DirectDispatch().update(
+        ranks, "actor.update", RecordingRank.update, batch(8), None, request
+    )
+    local = dataclasses.replace(request, mini_batch_size=2)  # 4 rows a mini-batch over 2 ranks
+    assert [w.request for w in workers] == [local, local] and metrics == [{"rows": 4.0}] * 2
+    assert request.mini_batch_size == 4 and split.local_mini_batch_size == 2  # the caller's is unchanged

@@ -13,6 +13,7 @@ from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.engine.actor import compute_log_probs
 from stratarl.engine.hf_models import ModelSpec, load_causal_lm
 from stratarl.engine.lora import base_state
+from stratarl.engine.requests import UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import tensor_bytes
 from stratarl.trainer import builders
@@ -68,12 +69,12 @@ def test_lora_worker_trains_adapters_syncs_only_them_and_saves_merged(task, tmp_
     base_model = load_causal_lm(ModelSpec(str(task["model"])))
     batch = rollout_batch(worker, task, tokenizer)
     for _ in range(2):
-        worker.update_actor(batch, policy_gradient_loss, mini_batch_size=len(batch))
+        worker.update_actor(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=len(batch)))
     full = worker.sync_weights()  # first sync: base weights + adapter
     full_bytes = tensor_bytes(actor.export_weights())
     assert full.num_bytes > full_bytes  # every base tensor, plus the adapter
 
-    worker.update_actor(batch, policy_gradient_loss, mini_batch_size=len(batch))
+    worker.update_actor(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=len(batch)))
     adapter = worker.sync_weights()  # later syncs: A and B only
     assert adapter.version == 2 and adapter.num_tensors == 16
     # 16 matrices · r·(d_in + d_out): q, o 4·(128+128), k, v 4·(128+64), fp32

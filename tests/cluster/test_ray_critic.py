@@ -27,6 +27,7 @@ from stratarl.cluster.transfer_queue_ray import ray_transfer_queue  # noqa: E402
 from stratarl.cluster.worker_group import PolicyWorkerGroup  # noqa: E402
 from stratarl.engine.checkpoint import CheckpointManager  # noqa: E402
 from stratarl.engine.critic import load_value_model  # noqa: E402
+from stratarl.engine.requests import UpdateRequest  # noqa: E402
 from stratarl.transport.data_proto import DataProto  # noqa: E402
 from stratarl.transport.kv_meta import QUEUED_FIELDS, KVBatchMeta  # noqa: E402
 from tests.cluster.tiny_specs import critic_spec, policy_spec  # noqa: E402
@@ -90,8 +91,9 @@ def test_two_ray_ranks_give_the_values_of_one_process(group, spec):
 def test_two_ray_ranks_update_like_one_process(group, spec, tmp_path):
     single = CriticWorker(spec)
     batch = with_returns(ragged_batch(n=6, seed=2), single)
-    one = single.update_critic(batch, value_loss, mini_batch_size=3)  # 2 steps of 3 rows: 1 pad row each
-    two = group.update_critic(batch, value_loss, mini_batch_size=3)
+    by_3 = UpdateRequest(mini_batch_size=3)  # 2 steps of 3 rows: 1 pad row each
+    one = single.update_critic(batch, value_loss, by_3)
+    two = group.update_critic(batch, value_loss, by_3)
     assert two["critic/zero_weight_pad_rows"] == 2.0
     assert two["critic/vf_loss"] == pytest.approx(one["critic/vf_loss"], rel=1e-5, abs=1e-7)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
@@ -111,7 +113,7 @@ def test_a_checkpoint_of_the_ray_critic_restores_it_and_loads_in_one_process(gro
     at_save = group.compute_values(probe)["values"]
     path = checkpoint.save(4, tokenizer=None, trainer_state={"global_step": 4})
     assert not list(tmp_path.glob(".staged-*")) and (path / "critic" / "optimizer.pt").is_file()
-    group.update_critic(with_returns(probe, group, seed=3), value_loss, mini_batch_size=5)
+    group.update_critic(with_returns(probe, group, seed=3), value_loss, UpdateRequest(mini_batch_size=5))
     assert not torch.allclose(group.compute_values(probe)["values"], at_save)  # it trained on
     loaded = checkpoint.load()
     assert loaded.step == 4 and loaded.trainer_state == {"global_step": 4, "lineage": None}  # no run named
@@ -135,7 +137,7 @@ def queued_like_a_ray_rollout(batch: DataProto, rows: QueueRows) -> DataProto:
 
 def test_values_and_an_update_through_the_transfer_queue_are_the_direct_paths(group, tmp_path):
     rows = QueueRows(ray_transfer_queue(2))
-    queued = CriticWorkerGroup(group.ranks, queue_rows=rows)  # the same ranks, fed by references
+    queued = CriticWorkerGroup(group.ranks, path=rows)  # the same ranks, fed by references
     batch = with_returns(ragged_batch(n=7, seed=6), group)
     controller = queued_like_a_ray_rollout(batch, rows)
     values = queued.compute_values(controller)["values"]
@@ -145,10 +147,11 @@ def test_values_and_an_update_through_the_transfer_queue_are_the_direct_paths(gr
 
     group.stage_checkpoint(tmp_path, 1)  # rewind point: both updates start from this state
     CheckpointManager(tmp_path).save(1, {}, staged=["critic"])
-    through_queue = queued.update_critic(controller, value_loss, mini_batch_size=7)  # 1 pad row
+    by_7 = UpdateRequest(mini_batch_size=7)  # 1 pad row
+    through_queue = queued.update_critic(controller, value_loss, by_7)
     after_queue = group.compute_values(batch)["values"]
     group.load_checkpoint(tmp_path, 1)
-    direct = group.update_critic(batch, value_loss, mini_batch_size=7)
+    direct = group.update_critic(batch, value_loss, by_7)
     assert through_queue["critic/vf_loss"] == direct["critic/vf_loss"]
     assert through_queue["critic/zero_weight_pad_rows"] == direct["critic/zero_weight_pad_rows"] == 1.0
     assert torch.equal(after_queue, group.compute_values(batch)["values"])
@@ -162,7 +165,7 @@ def test_a_critic_rank_killed_mid_update_is_named_within_the_timeout(group, spec
     threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
     start = time.monotonic()
     with pytest.raises(WorkerError) as caught:  # 400 optimizer steps: far longer than 1 s
-        group.update_critic(batch, value_loss, mini_batch_size=4, epochs=200)
+        group.update_critic(batch, value_loss, UpdateRequest(mini_batch_size=4, epochs=200))
     elapsed = time.monotonic() - start
     error = caught.value
     print(f"\n{error} (after {elapsed:.1f} s)")

@@ -14,8 +14,10 @@ ray = pytest.importorskip("ray")
 from stratarl.cluster.placement import WorkerSizes, make_plan  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
 from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
+from stratarl.cluster.rollout_sync import SplitSync  # noqa: E402
 from stratarl.cluster.specs import LoraSpec  # noqa: E402
 from stratarl.cluster.worker_group import PolicyWorkerGroup  # noqa: E402
+from stratarl.engine.requests import UpdateRequest  # noqa: E402
 from tests.cluster.test_ray_training import SAMPLING  # noqa: E402
 from tests.cluster.test_worker_group import prompts, with_advantages  # noqa: E402
 from tests.cluster.tiny_specs import policy_spec  # noqa: E402
@@ -44,7 +46,7 @@ def two_syncs(group: PolicyWorkerGroup) -> tuple:
     reports = []
     for seed in (1, 2):
         batch = with_advantages(group.generate(prompts(8, seed=seed), SAMPLING, seed=seed))
-        group.update_actor(batch, policy_gradient_loss, mini_batch_size=4)
+        group.update_actor(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
         reports.append(group.sync_weights())
     return tuple(reports)
 
@@ -78,5 +80,5 @@ def test_colocated_ranks_sync_the_adapter_alone_after_the_base(cluster, spec):
 def test_split_replicas_receive_the_adapter_alone_after_the_base(cluster, spec):
     plan = make_plan("split", WorkerSizes(training_workers=2, cpus_per_training_worker=0.5))
     with start_policy_group(spec, plan, call_timeout_s=120) as group:
-        assert group.separate_rollout
+        assert isinstance(group.rollout_sync, SplitSync)  # rank 0 pushes to the replica
         check_like_one_process(group, spec)

@@ -17,6 +17,7 @@ from stratarl.cluster.queue_shard import BULK_FIELDS  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
 from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
 from stratarl.cluster.ray_ranks import wire_bytes  # noqa: E402
+from stratarl.engine.requests import ScoreRequest, UpdateRequest  # noqa: E402
 from stratarl.transport.field_checks import validate  # noqa: E402
 from stratarl.transport.kv_meta import KVBatchMeta  # noqa: E402
 from tests.cluster.test_ray_training import SAMPLING, spec  # noqa: E402,F401  (module fixture)
@@ -59,16 +60,17 @@ def test_scoring_and_update_through_the_queue_equal_one_process(group, spec):  #
     single = PolicyWorker(spec)
     full = group.materialize(batch)
     group.controller_bytes()
-    scored = group.compute_log_prob(batch, with_entropy=True)
+    scored = group.compute_log_prob(batch, ScoreRequest(with_entropy=True))
     scoring_traffic = group.controller_bytes()
-    expected = single.compute_log_prob(full, with_entropy=True)
+    expected = single.compute_log_prob(full, ScoreRequest(with_entropy=True))
     torch.testing.assert_close(scored["old_log_probs"], expected["old_log_probs"], atol=2e-5, rtol=1e-5)
     assert scoring_traffic["controller/sent_bytes"] < 4_000  # four shard references, no rows
-    stored = group.rows.queue.get(KVBatchMeta(group.rows.partition, list(batch[KEY]), {}), ["old_log_probs"])
+    stored = group.path.queue.get(KVBatchMeta(group.path.partition, list(batch[KEY]), {}), ["old_log_probs"])
     assert torch.equal(stored["old_log_probs"], scored["old_log_probs"])  # the ranks wrote them
     trained = with_advantages(batch.union(scored))
-    one = single.update_actor(with_advantages(full.union(scored)), policy_gradient_loss, mini_batch_size=4)
-    two = group.update_actor(trained, policy_gradient_loss, mini_batch_size=4)
+    by_4 = UpdateRequest(mini_batch_size=4)
+    one = single.update_actor(with_advantages(full.union(scored)), policy_gradient_loss, by_4)
+    two = group.update_actor(trained, policy_gradient_loss, by_4)
     update_traffic = group.controller_bytes()
     assert two["pg_loss"] == pytest.approx(one["pg_loss"], rel=1e-5, abs=1e-7)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
@@ -76,4 +78,4 @@ def test_scoring_and_update_through_the_queue_equal_one_process(group, spec):  #
     assert update_traffic["controller/sent_bytes"] < trained["advantages"].numel() * 4 + 8_000
     print(f"\nscoring: {scoring_traffic}; update: {update_traffic}")
     group.clear_queue()
-    assert group.rows.queue.stored_bytes() == 0
+    assert group.path.queue.stored_bytes() == 0

@@ -16,6 +16,7 @@ from stratarl.cluster.policy_worker import PolicyWorker  # noqa: E402
 from stratarl.cluster.ranks import WorkerError  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
 from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
+from stratarl.engine.requests import UpdateRequest  # noqa: E402
 from tests.cluster.test_ray_training import SAMPLING, spec  # noqa: E402, F401
 from tests.cluster.test_worker_group import prompts, with_advantages  # noqa: E402
 from tests.engine.tiny_batches import policy_gradient_loss  # noqa: E402
@@ -40,7 +41,7 @@ def test_replica_serves_the_trained_weights_after_a_bucketed_sync(group, spec): 
     initial = PolicyWorker(spec)
     first = group.generate(prompts(8, seed=1), SAMPLING, seed=0)
     assert first["weight_version"].tolist() == [0] * 8
-    group.update_actor(with_advantages(first), policy_gradient_loss, mini_batch_size=4)
+    group.update_actor(with_advantages(first), policy_gradient_loss, UpdateRequest(mini_batch_size=4))
     group.controller_bytes()  # reset: measure the sync alone
     report = group.sync_weights()
     sync_traffic = group.controller_bytes()

@@ -19,6 +19,7 @@ from stratarl.cluster.ranks import WorkerError  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
 from stratarl.cluster.ray_policy_group import start_policy_group  # noqa: E402
 from stratarl.cluster.worker_group import PolicyWorkerGroup  # noqa: E402
+from stratarl.engine.requests import UpdateRequest  # noqa: E402
 from stratarl.rollout.interface import SamplingParams  # noqa: E402
 from tests.cluster.test_worker_group import prompts, with_advantages  # noqa: E402
 from tests.cluster.tiny_specs import policy_spec  # noqa: E402
@@ -75,8 +76,9 @@ def test_two_ray_ranks_score_each_row_like_one_process(group, spec):
 def test_two_ray_ranks_update_like_one_process_then_serve_the_new_weights(group, spec, tmp_path):
     single = PolicyWorkerGroup.in_process(spec)
     batch = with_advantages(single.generate(prompts(8, seed=2), SAMPLING, seed=1))
-    one = single.update_actor(batch, policy_gradient_loss, mini_batch_size=4)  # 2 optimizer steps
-    two = group.update_actor(batch, policy_gradient_loss, mini_batch_size=4)
+    by_4 = UpdateRequest(mini_batch_size=4)  # 2 optimizer steps
+    one = single.update_actor(batch, policy_gradient_loss, by_4)
+    two = group.update_actor(batch, policy_gradient_loss, by_4)
     assert two["pg_loss"] == pytest.approx(one["pg_loss"], rel=1e-5, abs=1e-7)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     saved = AutoModelForCausalLM.from_pretrained(group.save_pretrained(tmp_path / "two")).state_dict()
@@ -99,7 +101,7 @@ def test_a_rank_killed_mid_update_is_named_within_the_timeout(group, spec):
     threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
     start = time.monotonic()
     with pytest.raises(WorkerError) as caught:  # 400 optimizer steps: far longer than 1 s
-        group.update_actor(batch, policy_gradient_loss, mini_batch_size=4, epochs=200)
+        group.update_actor(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4, epochs=200))
     elapsed = time.monotonic() - start
     error = caught.value
     print(f"\n{error} (after {elapsed:.1f} s)")

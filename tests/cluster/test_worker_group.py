@@ -9,6 +9,7 @@ from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.ranks import InProcessRanks, WorkerError
 from stratarl.cluster.rollout_set import RolloutReplicas
 from stratarl.cluster.worker_group import PolicyWorkerGroup
+from stratarl.engine.requests import UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.transport.data_proto import DataProto
 from tests.cluster.tiny_specs import policy_spec
@@ -53,8 +54,8 @@ def test_one_in_process_rank_is_the_policy_worker(spec):
         group.compute_ref_log_prob(rollout)["ref_log_prob"],
         worker.compute_ref_log_prob(rollout)["ref_log_prob"],
     )
-    metrics = group.update_actor(rollout, policy_gradient_loss, mini_batch_size=3)
-    expected = worker.update_actor(rollout, policy_gradient_loss, mini_batch_size=3)
+    metrics = group.update_actor(rollout, policy_gradient_loss, UpdateRequest(mini_batch_size=3))
+    expected = worker.update_actor(rollout, policy_gradient_loss, UpdateRequest(mini_batch_size=3))
     assert metrics["pg_loss"] == expected["pg_loss"] and metrics["grad_norm"] == expected["grad_norm"]
     assert group.sync_weights().version == worker.sync_weights().version == 1 == group.weight_version
     assert group.controller_bytes() == {"controller/sent_bytes": 0.0, "controller/received_bytes": 0.0}

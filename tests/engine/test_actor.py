@@ -9,13 +9,14 @@ import torch
 from stratarl.engine.actor import Actor, Reference, compute_log_probs
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.optim import build_lr_schedule, build_optimizer
+from stratarl.engine.requests import ScoreRequest, UpdateRequest
 from tests.engine.tiny_batches import V, policy_gradient_loss, ragged_batch, tiny_model
 
 
 def grads_after_one_step(micro_batch_size: int = 8, **kwargs) -> list[torch.Tensor]:
     model = tiny_model()
     actor = Actor(model, lr=0.0, micro_batch_size=micro_batch_size, grad_clip=1e9, **kwargs)
-    actor.update(ragged_batch(), policy_gradient_loss, mini_batch_size=8, with_entropy=True)
+    actor.update(ragged_batch(), policy_gradient_loss, UpdateRequest(mini_batch_size=8, with_entropy=True))
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -38,7 +39,7 @@ def test_log_probs_match_a_plain_forward_per_row():
 def test_sum_pi_squared_comes_from_the_same_forward_and_matches_a_plain_softmax():
     model, batch = tiny_model(), ragged_batch()
     actor = Actor(model, lr=0.0, micro_batch_size=3, temperature=0.7)
-    out = actor.score_responses(batch, with_entropy=True, with_sum_pi_squared=True)
+    out = actor.score_responses(batch, ScoreRequest(with_entropy=True, with_sum_pi_squared=True))
     torch.testing.assert_close(out["log_prob"], actor.compute_log_prob(batch)[0], atol=0, rtol=0)
     for i in range(len(batch)):
         keep = batch["attention_mask"][i].bool()
@@ -90,7 +91,7 @@ def test_bf16_autocast_in_one_process_stays_close_to_fp32():
     bf16 = actor.compute_log_prob(batch)[0]
     assert 0 < (bf16 - fp32).abs().max() < 0.05  # bf16 keeps ~3 significant digits
     assert next(model.parameters()).dtype == torch.float32  # master weights stay fp32
-    metrics = actor.update(batch, policy_gradient_loss, mini_batch_size=8)
+    metrics = actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=8))
     assert math.isfinite(metrics["grad_norm"]) and metrics["skipped_steps"] == 0
 
 
@@ -105,7 +106,8 @@ def test_update_changes_weights_and_reports_metrics():
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
     actor = Actor(model, lr=1e-2, micro_batch_size=4)
-    metrics = actor.update(ragged_batch(), policy_gradient_loss, mini_batch_size=4, epochs=2, shuffle_seed=0)
+    request = UpdateRequest(mini_batch_size=4, epochs=2, shuffle_seed=0)
+    metrics = actor.update(ragged_batch(), policy_gradient_loss, request)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert set(metrics) >= {"pg_loss", "grad_norm", "lr", "skipped_steps"} and metrics["skipped_steps"] == 0
     assert metrics["perf/padding_share/actor"] == 0.0  # packed: no padding computed
@@ -121,7 +123,7 @@ def test_non_finite_gradient_skips_the_step_and_is_counted():
     def nan_loss(micro, scores, totals):
         return scores.log_prob.sum() * float("nan"), {}
 
-    metrics = actor.update(ragged_batch(), nan_loss, mini_batch_size=8)
+    metrics = actor.update(ragged_batch(), nan_loss, UpdateRequest(mini_batch_size=8))
     assert metrics["skipped_steps"] == 1 and math.isnan(metrics["grad_norm"])
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
@@ -132,7 +134,7 @@ def test_reference_is_a_frozen_copy():
     actor = Actor(model, lr=1e-1, micro_batch_size=8)
     batch = ragged_batch()
     ref_before = reference.compute_log_prob(batch)
-    actor.update(batch, policy_gradient_loss, mini_batch_size=8)
+    actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=8))
     torch.testing.assert_close(reference.compute_log_prob(batch), ref_before)
     assert not torch.allclose(actor.compute_log_prob(batch)[0], ref_before)
     assert not any(p.requires_grad for p in reference.model.parameters())

@@ -23,6 +23,7 @@ from stratarl.engine.checkpoint import (
     checkpoint_problem,
 )
 from stratarl.engine.critic import Critic, value_model_from_causal_lm
+from stratarl.engine.requests import UpdateRequest
 from tests.engine.test_critic import critic_batch, value_loss
 from tests.engine.tiny_batches import policy_gradient_loss, ragged_batch, tiny_model
 
@@ -40,8 +41,8 @@ def make_roles(seed):
 def step(roles, batch):
     """One RL step whose mini-batch order draws on the global RNG (so RNG state matters)."""
     seed = int(torch.randint(0, 1000, ()))
-    roles["actor"].update(batch, policy_gradient_loss, mini_batch_size=4, shuffle_seed=seed)
-    roles["critic"].update(batch, value_loss, mini_batch_size=4, shuffle_seed=seed)
+    roles["actor"].update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4, shuffle_seed=seed))
+    roles["critic"].update(batch, value_loss, UpdateRequest(mini_batch_size=4, shuffle_seed=seed))
 
 
 def params(roles):
@@ -76,7 +77,7 @@ def test_resume_gives_bit_identical_next_step(tmp_path):
 def test_hf_export_at_every_save_loads_with_from_pretrained(tmp_path):
     roles = make_roles(seed=0)
     batch = ragged_batch()
-    roles["actor"].update(batch, policy_gradient_loss, mini_batch_size=8)
+    roles["actor"].update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=8))
     path = CheckpointManager(tmp_path).save(3, {"actor": roles["actor"]}, hf_policy=roles["actor"])
     loaded = AutoModelForCausalLM.from_pretrained(path / "huggingface")
     lp, _ = compute_log_probs(loaded, batch, micro_batch_size=8, temperature=1.0)
@@ -114,7 +115,7 @@ def test_a_broken_latest_checkpoint_is_detected_and_the_previous_one_used(tmp_pa
     manager = CheckpointManager(tmp_path)
     manager.save(1, {"actor": actor})
     saved = {n: p.detach().clone() for n, p in actor.module.named_parameters()}
-    actor.update(ragged_batch(), policy_gradient_loss, mini_batch_size=8)
+    actor.update(ragged_batch(), policy_gradient_loss, UpdateRequest(mini_batch_size=8))
     manager.save(2, {"actor": actor})
     damage(tmp_path / "global_step_2")
     fresh = make_roles(seed=3)["actor"]

@@ -6,6 +6,7 @@ from stratarl.algo.aggregation import aggregate_loss
 from stratarl.algo.value_loss import clipped_value_loss
 from stratarl.engine.critic import Critic, load_value_model, value_model_from_causal_lm
 from stratarl.engine.forward import ValueScores
+from stratarl.engine.requests import UpdateRequest
 from stratarl.engine.training import BatchTotals
 from tests.engine.tiny_batches import ragged_batch, tiny_model
 
@@ -73,7 +74,7 @@ def grads(**kwargs):
     torch.manual_seed(0)
     value_model = value_model_from_causal_lm(tiny_model(), head_init_std=1.0)
     critic = Critic(value_model, lr=0.0, grad_clip=1e9, **kwargs)
-    critic.update(critic_batch(critic), value_loss, mini_batch_size=8)
+    critic.update(critic_batch(critic), value_loss, UpdateRequest(mini_batch_size=8))
     return [p.grad.clone() for p in value_model.parameters() if p.grad is not None]
 
 
@@ -94,6 +95,6 @@ def test_clipped_value_update_lowers_the_value_loss_on_a_fixed_batch():
 
     before = loss_now().item()
     for _ in range(15):
-        metrics = critic.update(batch, value_loss, mini_batch_size=4)
+        metrics = critic.update(batch, value_loss, UpdateRequest(mini_batch_size=4))
     assert loss_now().item() < 0.5 * before
     assert {"critic/vf_loss", "critic/vf_clipfrac", "grad_norm", "lr", "perf/mfu/critic"} <= set(metrics)

@@ -18,6 +18,7 @@ from stratarl.engine.checkpoint import CheckpointManager
 from stratarl.engine.critic import Critic, value_model_from_causal_lm
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.micro_batches import MicroBatching, plan_micro_batches
+from stratarl.engine.requests import UpdateRequest
 from tests.engine.test_critic import value_loss
 from tests.engine.tiny_batches import batch_with_lengths, policy_gradient_loss, tiny_model
 
@@ -54,8 +55,8 @@ def build(seed, dp=None, **kwargs):
 def train(actor, critic, batch, mini_batch_size):
     history = []
     for _ in range(STEPS):
-        a = actor.update(batch, policy_gradient_loss, mini_batch_size=mini_batch_size)
-        c = critic.update(batch, value_loss, mini_batch_size=mini_batch_size)
+        a = actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=mini_batch_size))
+        c = critic.update(batch, value_loss, UpdateRequest(mini_batch_size=mini_batch_size))
         history.append({k: a[k] for k in ("pg_loss", "grad_norm")} | {"critic/vf_loss": c["critic/vf_loss"]})
     return history
 
@@ -81,7 +82,7 @@ def _rank_main(rank, world, port, out_dir):
         manager.load({"actor": fresh_actor, "critic": fresh_critic})
         result["reloaded_actor"] = fresh_actor.export_weights()
         for trained in (actor, fresh_actor):  # one more step from the saved and the reloaded state
-            trained.update(shard, policy_gradient_loss, mini_batch_size=2)
+            trained.update(shard, policy_gradient_loss, UpdateRequest(mini_batch_size=2))
         result["next_step"] = [actor.export_weights(), fresh_actor.export_weights()]
         bf16_dp = DataParallel(mesh=dp.mesh, param_dtype="bfloat16")
         bf16 = Actor(
@@ -92,7 +93,7 @@ def _rank_main(rank, world, port, out_dir):
             gradient_checkpointing=True,
         )
         result["bf16_log_prob"] = bf16.compute_log_prob(shard)[0]
-        result["bf16_metrics"] = bf16.update(shard, policy_gradient_loss, mini_batch_size=2)
+        result["bf16_metrics"] = bf16.update(shard, policy_gradient_loss, UpdateRequest(mini_batch_size=2))
         result["fp32_initial_log_prob"] = build(0)[0].compute_log_prob(shard)[0]
         reference = Reference(
             tiny_model(0, layers=2), micro_batch_size=2, data_parallel=dp, max_tokens_per_micro_batch=BUDGET

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from stratarl.engine.actor import Actor, Reference, compute_log_probs
 from stratarl.engine.lora import apply_adapter_update, apply_lora, base_state, lora_scalings, merge_lora_state
+from stratarl.engine.requests import UpdateRequest
 from tests.engine.tiny_batches import policy_gradient_loss, ragged_batch, tiny_model
 
 
@@ -21,7 +22,7 @@ def trained():
     actor = Actor(model, lr=5e-2, micro_batch_size=4)
     batch = ragged_batch()
     for _ in range(2):
-        actor.update(batch, policy_gradient_loss, mini_batch_size=8)
+        actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=8))
     return actor, original, batch
 
 

@@ -8,6 +8,7 @@ import torch
 from stratarl.engine.actor import Actor
 from stratarl.engine.offload import move_optimizer_state, optimizer_state_devices
 from stratarl.engine.optim import ADAMW_IMPLS, build_optimizer
+from stratarl.engine.requests import UpdateRequest
 from tests.engine.tiny_batches import policy_gradient_loss, ragged_batch, tiny_model
 
 
@@ -36,10 +37,10 @@ def test_offloading_a_cpu_actor_moves_nothing_and_trains_the_same():
     batch = ragged_batch(n=4)
     plain, handed = (Actor(tiny_model(), lr=1e-2, micro_batch_size=2) for _ in range(2))
     for actor in (plain, handed):
-        actor.update(batch, policy_gradient_loss, mini_batch_size=4)
+        actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
     assert handed.offload_optimizer() == 0 and handed.reload_optimizer() == 0
     assert optimizer_state_devices(handed.optimizer) == {torch.device("cpu")}
     for actor in (plain, handed):
-        actor.update(batch, policy_gradient_loss, mini_batch_size=4)
+        actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
     for p, q in zip(plain.module.parameters(), handed.module.parameters(), strict=True):
         assert torch.equal(p, q)

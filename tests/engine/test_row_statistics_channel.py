@@ -6,6 +6,7 @@ import torch
 from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.ranks import InProcessRanks
 from stratarl.engine.actor import Actor
+from stratarl.engine.requests import UpdateRequest
 from stratarl.trainer.actor_loss import ActorLoss
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.fields import ROW_ID
@@ -22,7 +23,7 @@ def traced_batch(actor: Actor, n: int = 8) -> DataProto:
 def test_first_mini_batch_sees_the_old_policy_later_ones_a_moved_one():
     actor = Actor(tiny_model(), lr=1e-2, micro_batch_size=2)
     batch = traced_batch(actor)
-    actor.update(batch, ActorLoss(), mini_batch_size=4, epochs=1, shuffle_seed=None)
+    actor.update(batch, ActorLoss(), UpdateRequest(mini_batch_size=4, epochs=1, shuffle_seed=None))
     stats = actor.last_row_statistics
     assert sorted(stats[ROW_ID].tolist()) == list(range(100, 108))  # every row exactly once
     by_id = {int(r): i for i, r in enumerate(stats[ROW_ID])}
@@ -44,12 +45,14 @@ def test_first_mini_batch_sees_the_old_policy_later_ones_a_moved_one():
 def test_without_row_ids_nothing_is_collected_and_pad_rows_are_dropped():
     actor = Actor(tiny_model(), lr=1e-3, micro_batch_size=4)
     batch = traced_batch(actor)
-    actor.update(batch.select([c for c in batch.columns if c != ROW_ID]), ActorLoss(), mini_batch_size=8)
+    untraced = batch.select([c for c in batch.columns if c != ROW_ID])
+    actor.update(untraced, ActorLoss(), UpdateRequest(mini_batch_size=8))
     assert actor.last_row_statistics == {}
     zero_weight = batch["response_mask"] * (torch.arange(8) < 6)[:, None]
     padded = batch.select([c for c in batch.columns if c != "response_mask"])
     padded = padded.union(DataProto.from_dict({"response_mask": zero_weight}))
-    actor.update(padded, ActorLoss(), mini_batch_size=4, epochs=2, shuffle_seed=7)  # rows 6, 7: zero weight
+    twice = UpdateRequest(mini_batch_size=4, epochs=2, shuffle_seed=7)
+    actor.update(padded, ActorLoss(), twice)  # rows 6, 7: zero weight
     assert sorted(actor.last_row_statistics[ROW_ID].tolist()) == list(range(100, 106))
 
 
@@ -75,8 +78,7 @@ def test_a_worker_group_gathers_every_real_row_once_from_its_ranks():
     group = PolicyWorkerGroup.__new__(PolicyWorkerGroup)
     group.ranks, group.path = InProcessRanks("actor", workers), DirectDispatch()
     batch = traced_batch(workers[0].actor, n=8)  # 8 rows over 3 ranks: pad rows on some shares
-    group.path.update(
-        group.ranks, "actor.update", PolicyWorker.update_actor, batch, ActorLoss(), mini_batch_size=8
-    )
+    request = UpdateRequest(mini_batch_size=8)
+    group.path.update(group.ranks, "actor.update", PolicyWorker.update_actor, batch, ActorLoss(), request)
     stats = group.update_row_statistics()
     assert sorted(stats[ROW_ID].tolist()) == list(range(100, 108))

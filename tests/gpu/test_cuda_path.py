@@ -20,6 +20,7 @@ from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.offload import optimizer_state_devices
 from stratarl.engine.optim import ADAMW_IMPLS
 from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
+from stratarl.engine.requests import UpdateRequest
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer import builders
 from stratarl.trainer.actor_loss import ActorLoss
@@ -98,7 +99,7 @@ def test_fsdp2_computes_in_bf16_over_fp32_shards_and_trains(one_nccl_rank, offlo
         lambda module, args: seen.add(module.weight.dtype)
     )
     before = [p.full_tensor().detach().cpu().clone() for p in actor.module.parameters()]
-    metrics = actor.update(ragged_batch(), policy_gradient_loss, mini_batch_size=8)
+    metrics = actor.update(ragged_batch(), policy_gradient_loss, UpdateRequest(mini_batch_size=8))
     hook.remove()
     assert seen == {torch.bfloat16}  # unsharded for compute in param_dtype
     grads = {p.grad.dtype for p in actor.module.parameters() if p.grad is not None}
@@ -116,7 +117,7 @@ def test_the_hand_off_frees_device_memory(task):
     batch = batch.union(worker.compute_log_prob(batch))  # a training phase: the KV cache goes
     assert torch.cuda.memory_allocated() < with_cache
     assert worker.rollout._core.cache.num_bytes == 0
-    worker.update_actor(batch, ActorLoss(), mini_batch_size=8)
+    worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))
     assert optimizer_state_devices(worker.actor.optimizer) == {torch.device("cpu")}
     with_state = torch.cuda.memory_allocated()
     worker.actor.reload_optimizer()
@@ -133,14 +134,14 @@ def test_the_optimizer_hand_off_trains_as_without_it_for_each_adamw_kernel(adamw
         Actor(tiny_model().cuda(), lr=1e-2, micro_batch_size=2, adamw_impl=adamw_impl) for _ in range(2)
     )
     for actor in (plain, handed):
-        actor.update(batch, policy_gradient_loss, mini_batch_size=4)
+        actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
     assert handed.offload_optimizer() > 0
     assert optimizer_state_devices(handed.optimizer) == {torch.device("cpu")}
     steps = {state["step"].device.type for state in handed.optimizer.state.values()}
     assert steps == ({"cuda"} if adamw_impl == "fused" else {"cpu"})  # never moved
     assert handed.reload_optimizer() > 0
     for actor in (plain, handed):
-        actor.update(batch, policy_gradient_loss, mini_batch_size=4)
+        actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
     for p, q in zip(plain.module.parameters(), handed.module.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)  # only GPU reduction order may differ
 
@@ -149,7 +150,7 @@ def test_a_checkpoint_saved_on_cuda_loads_on_the_cpu_equal(task, tmp_path):
     worker, tokenizer = cuda_worker(task)
     batch = sampled_batch(worker, task, tokenizer)
     batch = batch.union(worker.compute_log_prob(batch))
-    worker.update_actor(batch, ActorLoss(), mini_batch_size=8)  # optimizer state exists on cuda
+    worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))  # optimizer state on cuda
     worker.save_checkpoint(tmp_path / "ckpt", step=1)
     cpu_spec = dataclasses.replace(worker.spec, model=dataclasses.replace(worker.spec.model, device="cpu"))
     on_cpu = PolicyWorker(cpu_spec)

@@ -6,6 +6,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stratarl.engine.actor import compute_log_probs
 from stratarl.engine.hf_models import ModelSpec, load_causal_lm
 from stratarl.engine.lora import base_state
+from stratarl.engine.requests import UpdateRequest
 from stratarl.observe.run_log import read_metrics
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import tensor_bytes
@@ -108,7 +109,7 @@ def test_packed_padded_and_token_budget_updates_agree(task):
     deltas, grads, metrics = {}, {}, {}
     for name, worker in workers.items():
         before = {n: p.detach().clone() for n, p in worker.actor.model.named_parameters()}
-        metrics[name] = worker.update_actor(batch, policy_gradient_loss, mini_batch_size=len(batch))
+        metrics[name] = worker.update_actor(batch, policy_gradient_loss, UpdateRequest(len(batch)))
         deltas[name] = {n: p.detach() - before[n] for n, p in worker.actor.model.named_parameters()}
         grads[name] = {n: p.grad for n, p in worker.actor.model.named_parameters()}  # clipped, kept
     assert metrics["packed"]["perf/padding_share/actor"] == 0 < metrics["padded"]["perf/padding_share/actor"]

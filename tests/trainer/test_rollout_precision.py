@@ -9,6 +9,7 @@ from transformers import AutoTokenizer
 
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.engine.offload import optimizer_state_devices
+from stratarl.engine.requests import UpdateRequest
 from stratarl.trainer import builders
 from stratarl.trainer.actor_loss import ActorLoss
 from tests.trainer.precision_gap import BF16, rollout_training_gap, served_dtype
@@ -44,7 +45,7 @@ def test_the_hand_off_keys_reach_the_worker_and_do_nothing_on_cpu(task):
     worker.compute_log_prob(batch)
     assert held > 0 and worker.rollout._core.cache.num_bytes == held  # kept: nothing to hand over
     batch = batch.union(worker.compute_log_prob(batch))
-    metrics = worker.update_actor(batch, ActorLoss(), mini_batch_size=8)
+    metrics = worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))
     assert "perf/rollout_cache_released_gb" not in metrics and "perf/optimizer_offloaded_gb" not in metrics
     assert optimizer_state_devices(worker.actor.optimizer) == {torch.device("cpu")}
 
@@ -62,10 +63,11 @@ def test_the_hand_off_where_it_applies_frees_the_cache_at_the_first_training_pha
     held = worker.rollout._core.cache.num_bytes + worker.rollout._core.store.num_bytes
     batch = batch.union(worker.compute_log_prob(batch))
     assert held > 0 and worker.rollout._core.cache.num_bytes == 0 and len(worker.rollout._core.store) == 0
-    metrics = worker.update_actor(batch, ActorLoss(), mini_batch_size=8)
+    metrics = worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))
     assert metrics["perf/rollout_cache_released_gb"] == held / 2**30
     assert metrics["perf/optimizer_offloaded_gb"] == 0.0  # CPU to CPU: nothing moves
-    assert worker.update_actor(batch, ActorLoss(), mini_batch_size=8)["perf/rollout_cache_released_gb"] == 0
+    again = worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))
+    assert again["perf/rollout_cache_released_gb"] == 0
     path = worker.save_checkpoint(tmp_path / "ckpt", step=1)  # the state is on hand to save
     assert (path / "actor" / "optimizer.pt").is_file()
     assert worker.load_checkpoint(tmp_path / "ckpt") is not None
