@@ -5,7 +5,7 @@ knows about every traced trajectory (`observe.trace_fields`), one parquet file p
     batch = generate(...);         tracer.after_rollout(batch, sampling, seed)   # Q1-Q6
     batch = reward(...);           tracer.after_reward(batch, result)            # Q7
     batch = log-probs, advantage;  tracer.after_advantage(batch)                 # Q8, Q9 before
-    update_actor(tracer.with_row_ids(batch));  tracer.after_update(batch, …)     # Q9 new, Q10
+    update_actor(batch with row_id);  tracer.after_update(batch, row_stats, v)  # Q9 new, Q10
     tracer.end()
 
 With trace.enable=false every call returns at once and the batch is never touched.
