@@ -30,7 +30,7 @@ ANCHOR = r"(?:#([\w-]+))?"
 REPO_PATH = re.compile(rf"(?<![\w./$<-])({TOP}/[\w-]+(?:[./][\w-]+)*){END}{ANCHOR}")
 # A segment in capitals is a placeholder (`benchmarks/NAME.py`) or not a path at all ("stratarl/TRL").
 PLACEHOLDER = re.compile(r"/[A-Z][A-Z0-9_]+(?:[./]|$)")
-# `trainer/collect.py`: a module named from its package, as the docs and docstrings abbreviate.
+# `trainer/step.py`: a module named from its package, as the docs and docstrings abbreviate.
 MODULE_PATH = re.compile(rf"(?<![\w./$<-])({PACKAGES}/[\w/]*\w\.py){END}")
 # `losses.md`, `algorithms/losses.md#x`, `advantages.md §7`: a page named relative to the docs.
 PAGE = re.compile(rf"(?<![\w./$<-])((?:[\w-]+/)*[\w-]+\.md){END}{ANCHOR}(?:\s*§(\d+))?")

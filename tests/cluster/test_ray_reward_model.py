@@ -12,8 +12,6 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from stratarl.trainer.run_summary import write_placement  # noqa: E402
-
 from stratarl.cluster.placement import WorkerSizes, make_plan  # noqa: E402
 from stratarl.cluster.ranks import WorkerError  # noqa: E402
 from stratarl.cluster.ray_cluster import start_or_join  # noqa: E402
@@ -27,6 +25,7 @@ from stratarl.cluster.reward_worker import RewardModelSpec, RewardModelWorker  #
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset  # noqa: E402
 from stratarl.data.tiny_models import build_tiny_model, build_tiny_reward_model  # noqa: E402
 from stratarl.data.tokenizer_factory import corpus_from_parquet  # noqa: E402
+from stratarl.run_directory.run_summary import write_placement  # noqa: E402
 from tests.cluster.test_ray_training import spec  # noqa: E402,F401  (module fixture: the tiny policy)
 
 pytestmark = pytest.mark.ray
