@@ -24,6 +24,7 @@ NOT_REPRODUCIBLE = (
     "timing_s/",
     "timing_per_token_ms/",
     "perf/",
+    "critic/perf/",  # the critic's update's perf/* (step.RLStep.update_critic)
     "memory/",
     "async/rollout_",
     "async/trainer_",
