@@ -68,6 +68,7 @@ RAY_PLANS = {
 
 
 @pytest.mark.slow
+@pytest.mark.long  # ~3 min each: out of CI's slow tier to keep .ci/run under 40 min (2026-12-03)
 @pytest.mark.ray
 @pytest.mark.parametrize("plan", sorted(RAY_PLANS))
 def test_the_quickstart_learns_on_ray_with_the_queue_and_counts_the_controller_bytes(tmp_path, plan):
