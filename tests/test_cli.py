@@ -169,12 +169,12 @@ def test_a_wrong_reward_function_name_is_found_before_the_model_loads(
     scorer.write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
     )
-    from stratarl.trainer import builders
+    from stratarl.assembly import roles
 
     def no_model(*args, **kwargs):
         raise AssertionError("a worker was built")
 
-    monkeypatch.setattr(builders, "build_workers", no_model)
+    monkeypatch.setattr(roles, "build_workers", no_model)
     extra = (f"reward.custom_function_path={scorer}", "reward.custom_function_name=compute_scor")
     assert main(["train", *small_run(tiny_task, tmp_path, *extra)]) == 2
     err = capsys.readouterr().err
@@ -183,14 +183,14 @@ def test_a_wrong_reward_function_name_is_found_before_the_model_loads(
 
 def test_an_unknown_data_source_is_found_before_any_worker_starts(tiny_task, tmp_path, capsys, monkeypatch):
     """Was: the run crashed at the step that first sampled such a row."""
+    from stratarl.assembly import roles
     from stratarl.data.schema import read_rows, write_rows
-    from stratarl.trainer import builders
 
     rows = read_rows(tiny_task["train"])
     for i in (3, 7):
         rows[i]["data_source"] = "sort_numbers"
     write_rows(tmp_path / "mixed.parquet", rows)
-    monkeypatch.setattr(builders, "build_workers", lambda *a, **k: pytest.fail("a worker was built"))
+    monkeypatch.setattr(roles, "build_workers", lambda *a, **k: pytest.fail("a worker was built"))
     assert (
         main(["train", *small_run(tiny_task, tmp_path, f"data.train_files=[{tmp_path / 'mixed.parquet'}]")])
         == 2

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from stratarl.assembly import datasets, preflight
 from stratarl.config import load_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import RunLog, write_atomically
-from stratarl.trainer import builders, preflight
 from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.trainer.sft import run_sft, sft_worker
 from stratarl.trainer.validation import evaluate_accuracy, overall_accuracy
@@ -76,7 +76,7 @@ def run_quickstart(
     """Everything above; returns the summary (also written to run_dir/summary.json)."""
     task = task or TaskSettings()
     run_dir, console, start = Path(run_dir), Console(), time.perf_counter()
-    builders.seed_everything(seed)
+    datasets.seed_everything(seed)
     torch.set_num_threads(task.threads)
     console.rule("[bold]stratarl quickstart[/bold]: data and tiny model")
     paths, model_dir = build_task(run_dir, task, seed)
@@ -87,20 +87,20 @@ def run_quickstart(
         f"trainer.seed={seed}",
     ]
     cfg = load_config(RECIPE, [*base, *(overrides or [])])
-    tokenizer = builders.load_tokenizer(cfg)
-    val_set = builders.load_prompts(
+    tokenizer = datasets.load_tokenizer(cfg)
+    val_set = datasets.load_prompts(
         cfg.data.val_files,
         tokenizer,
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         limit=cfg.data.max_val_prompts,
-        **builders.data_columns(cfg),
+        **datasets.data_columns(cfg),
     )
-    train_set = builders.load_prompts(
+    train_set = datasets.load_prompts(
         cfg.data.train_files,
         tokenizer,
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         limit=None,
-        **builders.data_columns(cfg),
+        **datasets.data_columns(cfg),
     )
 
     console.rule("SFT warm-start")

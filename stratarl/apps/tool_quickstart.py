@@ -24,10 +24,10 @@ from typing import Any
 from rich.console import Console
 
 from stratarl.apps.quickstart import tiny_model_for
+from stratarl.assembly import algorithm, datasets, scoring
 from stratarl.config import RunConfig, ValidationSamplingConfig, load_config
 from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
 from stratarl.observe.run_log import RunLog, write_atomically
-from stratarl.trainer import builders
 from stratarl.trainer.agent_rollout import build_agent_rollout
 from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation
@@ -87,7 +87,7 @@ def evaluate_agent(
     """Held-out episodes, greedy (`rollout.val_kwargs`) and sampled (`sampled_eval_settings`): accuracy,
     tool-call success rate (attempted calls that ran without error) and the share of episodes that
     used the tool, as `<metric>_greedy` / `<metric>_sampled`."""
-    compute_score = builders.build_compute_score(cfg)
+    compute_score = scoring.build_compute_score(cfg)
     agent = build_agent_rollout(cfg, tokenizer)
     assert agent is not None, "the tool quickstart needs agent.enable=true"
     sampled_kwargs = sampled_eval_settings(cfg.rollout.val_kwargs)
@@ -102,7 +102,7 @@ def evaluate_agent(
                 dataset,
                 tokenizer=tokenizer,
                 compute_score=compute_score,
-                sampling=builders.val_sampling(eval_cfg),
+                sampling=algorithm.val_sampling(eval_cfg),
                 n=n,
                 step=step,
                 seed=cfg.trainer.seed,
@@ -151,7 +151,7 @@ def run_tool_quickstart(
     """Everything above; returns the summary (also written to run_dir/summary.json)."""
     task = task or ToolTaskSettings()
     run_dir, console, start = Path(run_dir), Console(), time.perf_counter()
-    builders.seed_everything(seed)
+    datasets.seed_everything(seed)
     console.rule("[bold]stratarl quickstart --task tool[/bold]: data, tools.yaml and tiny model")
     paths, model_dir = build_tool_task(run_dir, task, seed)
     base = [
@@ -162,21 +162,21 @@ def run_tool_quickstart(
         f"trainer.seed={seed}",
     ]
     cfg = load_config(RECIPE, [*base, *(overrides or [])])
-    tokenizer = builders.load_tokenizer(cfg)
+    tokenizer = datasets.load_tokenizer(cfg)
     d = cfg.data
-    val_set = builders.load_prompts(
+    val_set = datasets.load_prompts(
         d.val_files,
         tokenizer,
         max_prompt_tokens=d.max_prompt_tokens,
         limit=d.max_val_prompts,
-        **builders.data_columns(cfg),
+        **datasets.data_columns(cfg),
     )
-    train_set = builders.load_prompts(
+    train_set = datasets.load_prompts(
         d.train_files,
         tokenizer,
         max_prompt_tokens=d.max_prompt_tokens,
         limit=None,
-        **builders.data_columns(cfg),
+        **datasets.data_columns(cfg),
     )
 
     console.rule("SFT warm-start on multi-turn demonstrations")

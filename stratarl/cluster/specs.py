@@ -1,8 +1,8 @@
 """Layer 3, orchestration: what builds each role — typed specs, made once from the config.
 
-The trainer's builders turn the config into these frozen dataclasses of plain values; they reach a
-worker unchanged, in this process or pickled to a Ray rank, and the worker's one constructor reads
-them (`PolicyWorker(spec)`, `CriticWorker(spec)`). A spec is the whole contract: a setting that is
+The builders of `stratarl/assembly/roles.py` turn the config into these frozen dataclasses of
+plain values; they reach a worker unchanged, in this process or pickled to a Ray rank, and the
+worker's one constructor reads them (`PolicyWorker(spec)`, `CriticWorker(spec)`). A spec is the whole contract: a setting that is
 not in a spec cannot reach a worker.
 
     PolicySpec: model · actor (optimizer, micro-batching) · precision · LoRA · reference · rollout engine

@@ -12,7 +12,7 @@ the weights while they change and where the served module is exactly the trained
 - the actor trains the whole model (LoRA wraps the modules; the engine serves the merged weights);
 - the engine serves the training dtype (rollout.dtype null or model.dtype).
 
-`auto` shares when all hold and copies otherwise (`trainer.builders.shares_weights`); `share` is
+`auto` shares when all hold and copies otherwise (`trainer.roles.shares_weights`); `share` is
 refused at validation where one does not, naming the key that stops it.
 """
 

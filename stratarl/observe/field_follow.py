@@ -34,9 +34,9 @@ PRODUCER_PATHS = {
     "critic.value": "trainer.phases.values → CriticWorker.compute_values → engine.critic",
     "advantage": "trainer.phases.advantage → algo.advantages (the configured estimator), algo.kl_control",
     "actor.update": "trainer.phases.update_actor → PolicyWorker.update_actor → "
-    "engine.training.TrainingEngine.update (loss: trainer.actor_loss.ActorLoss)",
+    "engine.training.TrainingEngine.update (loss: objective.actor_loss.ActorLoss)",
     "critic.update": "trainer.phases.update_critic → CriticWorker.update_critic → "
-    "engine.training.TrainingEngine.update (loss: trainer.critic_loss.ValueLoss)",
+    "engine.training.TrainingEngine.update (loss: objective.critic_loss.ValueLoss)",
     "trace": "trainer.tracing.StepTracer",
 }
 

@@ -84,7 +84,7 @@ class InProcessScorer:
 
 
 class RewardManager:
-    """The sources of one run's reward, built once (`trainer.builders.build_reward`)."""
+    """The sources of one run's reward, built once (`trainer.scoring.build_reward`)."""
 
     def __init__(
         self,

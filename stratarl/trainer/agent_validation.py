@@ -18,12 +18,12 @@ from stratarl.agent.evaluation import run_and_score
 from stratarl.agent.metrics import agent_metrics
 from stratarl.agent.scoring import solution_text
 from stratarl.agent.trajectory import Trajectory
+from stratarl.assembly.datasets import prompts_batch
 from stratarl.cluster.handles import PolicyHandle
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.rollout.interface import SamplingParams
 from stratarl.trainer import phases
 from stratarl.trainer.agent_rollout import RECORD_FIELDS, AgentRollout, episode_rows
-from stratarl.trainer.builders import prompts_batch
 from stratarl.trainer.validation import ValidationTally
 
 TOOL_SUCCESS_KEY = "val-core/agent/tool_call_success_rate"

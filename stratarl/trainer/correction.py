@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from stratarl.algo.rollout_correction import rollout_correction
+from stratarl.assembly import algorithm
 from stratarl.config import RunConfig
-from stratarl.trainer import builders
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.field_checks import validate
 
@@ -53,7 +53,7 @@ def correction_settings(cfg: RunConfig) -> dict[str, Any] | None:
     rc = cfg.algorithm.rollout_correction
     if rc.bypass_mode:
         return None
-    settings = builders.rollout_correction_settings(cfg)
+    settings = algorithm.rollout_correction_settings(cfg)
     if rc.rollout_is or rc.rollout_rs:
         return settings
     if cfg.trainer.mode != "sync" and cfg.async_training.correction == "decoupled":

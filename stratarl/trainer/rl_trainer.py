@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from transformers import AutoConfig
 
+from stratarl.assembly import algorithm, datasets, preflight, roles, run_watch, scoring
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import BatchPlan, RunConfig, validate_config
 from stratarl.data.sampler import PromptSampler
@@ -36,17 +37,7 @@ from stratarl.run_directory import checkpointing
 from stratarl.run_directory.claim import claim_run_directory
 from stratarl.run_directory.lock import RunLock
 from stratarl.run_directory.run_summary import finish_run, write_placement
-from stratarl.trainer import (
-    agent_rollout,
-    builders,
-    interruption,
-    phases,
-    pi_old,
-    preflight,
-    reward_builder,
-    run_watch,
-    training_modes,
-)
+from stratarl.trainer import agent_rollout, interruption, phases, pi_old, training_modes
 from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.batch_sources import BatchSource
 from stratarl.trainer.correction import build_correction
@@ -62,7 +53,7 @@ class RLTrainer:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None):
         warnings = validate_config(cfg)
-        builders.seed_everything(cfg.trainer.seed)
+        datasets.seed_everything(cfg.trainer.seed)
         self.cfg = cfg
         lock = RunLock(run_dir).acquire()  # a second writer is refused before anything loads
         try:
@@ -75,7 +66,7 @@ class RLTrainer:
         for warning in warnings:  # settings that run but are probably unintended (validation.py)
             console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         self.compute_score = preflight.reward_function(cfg)  # its file and name, before any data loads
-        self.tokenizer = builders.load_tokenizer(cfg)
+        self.tokenizer = datasets.load_tokenizer(cfg)
         d = cfg.data
         self.train_set = preflight.load_split(cfg, "data.train_files", self.tokenizer)
         self.val_set = preflight.load_split(cfg, "data.val_files", self.tokenizer) if d.val_files else None
@@ -103,7 +94,7 @@ class RLTrainer:
         self.log = RunLog(self.claim.run_dir, console=console, print_steps="console" in cfg.trainer.logger)
         self.run_dir = self.log.run_dir
         self.settings = StepSettings.from_config(cfg)
-        self.kl_ctrl = builders.build_kl_controller(cfg)  # None unless KL is in the reward
+        self.kl_ctrl = algorithm.build_kl_controller(cfg)  # None unless KL is in the reward
         model_config = AutoConfig.from_pretrained(
             cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
         )
@@ -112,8 +103,8 @@ class RLTrainer:
             model_has_dropout=pi_old.has_dropout(model_config),
             estimator_inputs=self.settings.estimator_inputs,
         )
-        self.actor_loss = builders.build_actor_loss(cfg, old_log_prob_from_forward=self.pi_old.from_update)
-        self.value_loss = builders.build_value_loss(cfg)
+        self.actor_loss = algorithm.build_actor_loss(cfg, old_log_prob_from_forward=self.pi_old.from_update)
+        self.value_loss = algorithm.build_value_loss(cfg)
         self.correction = build_correction(cfg)
         self.plan = BatchPlan.from_config(cfg)
         self.tracer = StepTracer(cfg, self.tokenizer, self.run_dir)
@@ -126,10 +117,8 @@ class RLTrainer:
         # (a reward model's Ray actor joins the policy's cluster).
         self.worker = self.critic = self.rewards = None
         try:
-            self.worker, self.critic = builders.build_workers(
-                cfg, self.tokenizer, total_steps=self.total_steps
-            )
-            self.rewards = reward_builder.build_reward(cfg, policy=self.worker)
+            self.worker, self.critic = roles.build_workers(cfg, self.tokenizer, total_steps=self.total_steps)
+            self.rewards = scoring.build_reward(cfg, policy=self.worker)
         except BaseException:
             self.stop_processes()
             raise
@@ -395,7 +384,7 @@ class RLTrainer:
                 self.val_set,
                 tokenizer=self.tokenizer,
                 compute_score=self.rewards,  # the run's reward sources, workers and deadlines included
-                sampling=builders.val_sampling(self.cfg),
+                sampling=algorithm.val_sampling(self.cfg),
                 n=v.n,
                 step=step,
                 seed=self.settings.step_seed(step) + 7,

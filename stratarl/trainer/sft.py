@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 
 from stratarl.algo.aggregation import aggregate_loss
+from stratarl.assembly import datasets, preflight, roles
 from stratarl.cluster.handles import PolicyHandle, UpdateRequest
 from stratarl.cluster.specs import ActorSpec, BatchingSpec, OptimizerSettings, PolicySpec
 from stratarl.cluster.worker_group import PolicyWorkerGroup
@@ -31,7 +32,6 @@ from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.run_directory.claim import RunClaim, claim_run_directory
 from stratarl.run_directory.lock import RunLock
-from stratarl.trainer import builders, preflight
 from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested, stopped_line
 from stratarl.trainer.validation import evaluate_accuracy
 from stratarl.transport.batch_edge import lay_out_batch_edge
@@ -101,12 +101,12 @@ def sft_worker(cfg: RunConfig, tokenizer: Any, total_steps: int) -> PolicyWorker
     )
     fsdp = cfg.actor.fsdp
     spec = PolicySpec(
-        model=builders.model_spec(cfg, cfg.model.path),
-        eos_token_ids=tuple(builders.eos_token_ids(tokenizer)),
+        model=roles.model_spec(cfg, cfg.model.path),
+        eos_token_ids=tuple(datasets.eos_token_ids(tokenizer)),
         pad_token_id=tokenizer.pad_token_id,
         actor=ActorSpec(optimizer, BatchingSpec(s.trajectories_per_micro_batch), temperature=1.0),
-        rollout=builders.rollout_engine_spec(cfg, share_weights=builders.shares_weights(cfg, sft=True)),
-        precision=builders.precision_spec(fsdp, offload_optimizer=fsdp.optimizer_offload),
+        rollout=roles.rollout_engine_spec(cfg, share_weights=roles.shares_weights(cfg, sft=True)),
+        precision=roles.precision_spec(fsdp, offload_optimizer=fsdp.optimizer_offload),
     )
     return PolicyWorkerGroup.in_process(spec, threads=cfg.cluster.threads_per_worker)
 
@@ -176,7 +176,7 @@ def sft_from_config(
         lock = RunLock(run_dir).acquire()
         cleanup.callback(lock.release)
         compute_score = preflight.reward_function(cfg)
-        tokenizer = builders.load_tokenizer(cfg)
+        tokenizer = datasets.load_tokenizer(cfg)
         train_set = preflight.load_split(cfg, "data.train_files", tokenizer)
         val_set = preflight.load_split(cfg, "data.val_files", tokenizer) if cfg.data.val_files else None
         preflight.check_sft_answers(train_set)

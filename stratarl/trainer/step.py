@@ -28,18 +28,19 @@ import torch
 from rich.console import Console
 
 from stratarl.algo.kl_control import KLController
+from stratarl.assembly import datasets
 from stratarl.cluster.handles import CriticHandle, PolicyHandle
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.data.sampler import PromptSampler
+from stratarl.objective.actor_loss import ActorLoss
+from stratarl.objective.critic_loss import ValueLoss
 from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.reward.manager import RewardManager
 from stratarl.rollout.interface import SamplingParams
-from stratarl.trainer import builders, phases, sampling_phases
-from stratarl.trainer.actor_loss import ActorLoss
+from stratarl.trainer import phases, sampling_phases
 from stratarl.trainer.agent_rollout import AgentRollout
 from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.correction import NoCorrection
-from stratarl.trainer.critic_loss import ValueLoss
 from stratarl.trainer.pi_old import OldLogProbs, with_row_ids
 from stratarl.trainer.step_metrics import StepMetrics
 from stratarl.trainer.step_settings import StepSettings
@@ -185,7 +186,7 @@ class RLStep:
     ) -> tuple[DataProto, list[dict[str, float]]]:
         """The next B prompts of the sampler, expanded to n, generated and scored."""
         s, timed = self.settings, self.timer(step, timings)
-        prompts = builders.prompts_batch(
+        prompts = datasets.prompts_batch(
             self.train_set, self.sampler.next_batch(), self.tokenizer.pad_token_id
         )
         batch = phases.expand_prompts(prompts, s.n, f"{step}.{round_index}")

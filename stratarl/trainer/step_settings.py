@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from stratarl.assembly import algorithm
 from stratarl.config import RunConfig
 from stratarl.rollout.interface import SamplingParams
-from stratarl.trainer import builders
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,10 @@ class StepSettings:
         return cls(
             n=cfg.rollout.n,
             prompts_per_step=cfg.data.prompts_per_step,
-            sampling=builders.train_sampling(cfg),
+            sampling=algorithm.train_sampling(cfg),
             group_filter=GroupFilter(f.metric, f.max_num_gen_batches) if f.enable else None,
             estimator=a.adv_estimator,
-            advantage_hyperparameters=MappingProxyType(builders.advantage_hyperparameters(cfg)),
+            advantage_hyperparameters=MappingProxyType(algorithm.advantage_hyperparameters(cfg)),
             component_keys=tuple(a.gdpo_reward_keys),
             resampling=Resampling(a.pf_ppo.reweight_method, a.pf_ppo.weight_pow) if a.use_pf_ppo else None,
             actor_update=UpdatePlan(
@@ -90,7 +90,7 @@ class StepSettings:
             loss_agg_mode=cfg.actor.loss_agg_mode,
             max_prompt_tokens=cfg.data.max_prompt_tokens,
             seed=cfg.trainer.seed,
-            estimator_inputs=builders.estimator_inputs(cfg),
+            estimator_inputs=algorithm.estimator_inputs(cfg),
         )
 
     def step_seed(self, step: int) -> int:

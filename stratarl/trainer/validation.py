@@ -17,14 +17,15 @@ import numpy as np
 from rich.console import Console
 
 from stratarl.algo.validation_stats import process_validation_metrics
+from stratarl.assembly import algorithm, scoring
+from stratarl.assembly.datasets import prompts_batch
 from stratarl.cluster.handles import PolicyHandle
 from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.observe.run_log import RunLog
 from stratarl.reward.batch_scorer import RewardResult
 from stratarl.rollout.interface import SamplingParams
-from stratarl.trainer import builders, phases
-from stratarl.trainer.builders import prompts_batch
+from stratarl.trainer import phases
 from stratarl.transport.data_proto import DataProto
 
 CORE_METRIC_PREFIXES = ("mean@", "maj@", "best@", "pass@")
@@ -156,8 +157,8 @@ def evaluate_accuracy(
         worker,
         dataset,
         tokenizer=tokenizer,
-        compute_score=builders.build_compute_score(cfg),
-        sampling=builders.val_sampling(cfg),
+        compute_score=scoring.build_compute_score(cfg),
+        sampling=algorithm.val_sampling(cfg),
         n=n,
         step=step,
         seed=cfg.trainer.seed,

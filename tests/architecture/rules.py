@@ -22,15 +22,35 @@ ALLOWED_INTERNAL: dict[str, frozenset[str]] = {
     "observe": frozenset({"transport"}),
     # config validates names against the math registries; nothing below it receives a config.
     "config": frozenset({"algo"}),
+    # The objectives the updates minimize: the math of `algo` composed over a micro-batch.
+    "objective": frozenset({"algo", "transport"}),
     **{pkg: frozenset({"algo", "transport", "observe", *LAYER5}) for pkg in LAYER5},
     "cluster": frozenset({"algo", "transport", "observe", *LAYER5}),
     # A run directory's records (lock, lineage, checkpoint contents, end products): what the
     # trainer writes when it decides to; they name the config and the cluster's checkpoint and
     # handle types, never the trainer that drives them.
     "run_directory": frozenset({"config", "cluster", "observe"}),
+    # What a config builds (datasets, the roles' specs and worker groups, losses, the reward, the
+    # watchdog): config in, typed specs and built objects out. Like the trainer, it reaches engines
+    # and rollout only through the cluster.
+    "assembly": frozenset(
+        {"config", "cluster", "transport", "algo", "objective", "observe", "data", "reward", "agent"}
+    ),
     # The trainer reaches engines and rollout only through cluster handles.
     "trainer": frozenset(
-        {"config", "run_directory", "cluster", "transport", "algo", "observe", "data", "reward", "agent"}
+        {
+            "config",
+            "assembly",
+            "run_directory",
+            "cluster",
+            "transport",
+            "algo",
+            "objective",
+            "observe",
+            "data",
+            "reward",
+            "agent",
+        }
     ),
 }
 # Applications (the quickstarts, `stratarl init`) compose the layers as cli.py does: they may import
@@ -41,11 +61,13 @@ ALLOWED_INTERNAL["apps"] = frozenset(ALLOWED_INTERNAL)
 # it: the trainer builds `SamplingParams` for the rollout phase but never touches an engine.
 ALLOWED_INTERFACE_MODULES: dict[str, frozenset[str]] = {
     "trainer": frozenset({"stratarl.rollout.interface"}),
+    "assembly": frozenset({"stratarl.rollout.interface"}),
 }
 
 # Third-party packages a layer may import at all (None: no closed list). Stdlib is always allowed.
 ALLOWED_THIRD_PARTY: dict[str, frozenset[str] | None] = {
     "algo": frozenset({"torch", "numpy"}),
+    "objective": frozenset({"torch", "numpy"}),
     "transport": frozenset({"torch", "numpy", "tensordict"}),
 }
 

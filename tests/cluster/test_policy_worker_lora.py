@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stratarl.apps.quickstart import RECIPE
+from stratarl.assembly import datasets, roles
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.config import load_config, validate_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
@@ -16,7 +17,6 @@ from stratarl.engine.lora import base_state
 from stratarl.engine.requests import UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import tensor_bytes
-from stratarl.trainer import builders
 from tests.engine.tiny_batches import policy_gradient_loss
 
 TARGETS = "[q_proj,k_proj,v_proj,o_proj]"  # attention only: 4 layers × 4 matrices
@@ -46,13 +46,13 @@ def lora_worker(task, *extra) -> tuple[PolicyWorker, object]:
     )
     validate_config(cfg, check_paths=False)
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    return builders.build_policy_worker(cfg, tokenizer, total_steps=3).local_worker(), tokenizer
+    return roles.build_policy_worker(cfg, tokenizer, total_steps=3).local_worker(), tokenizer
 
 
 def rollout_batch(worker, task, tokenizer, seed=0):
     """8 sampled trajectories of the first 4 prompts, with random advantages for the update."""
-    prompts = builders.load_prompts([task["train"]], tokenizer, max_prompt_tokens=64, limit=4)
-    batch = builders.prompts_batch(prompts, [0, 1, 2, 3, 0, 1, 2, 3], tokenizer.pad_token_id)
+    prompts = datasets.load_prompts([task["train"]], tokenizer, max_prompt_tokens=64, limit=4)
+    batch = datasets.prompts_batch(prompts, [0, 1, 2, 3, 0, 1, 2, 3], tokenizer.pad_token_id)
     out = worker.generate(batch, SamplingParams(temperature=1.0, max_tokens=6), seed=seed)
     g = torch.Generator().manual_seed(seed)
     advantages = torch.randn(out["response_mask"].shape, generator=g) * out["response_mask"]

@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stratarl.apps.quickstart import RECIPE
+from stratarl.assembly import datasets, roles
 from stratarl.config import load_config, validate_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tiny_models import build_tiny_model
@@ -13,7 +14,6 @@ from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.engine.actor import Reference
 from stratarl.engine.hf_models import ModelSpec, load_causal_lm
 from stratarl.rollout.interface import SamplingParams
-from stratarl.trainer import builders
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +50,12 @@ def worker_for(task, *extra):
     )
     validate_config(cfg, check_paths=False)
     tokenizer = AutoTokenizer.from_pretrained(task["actor"])
-    return builders.build_policy_worker(cfg, tokenizer, total_steps=2).local_worker(), tokenizer
+    return roles.build_policy_worker(cfg, tokenizer, total_steps=2).local_worker(), tokenizer
 
 
 def sampled(worker, task, tokenizer):
-    prompts = builders.load_prompts([task["train"]], tokenizer, max_prompt_tokens=64, limit=4)
-    batch = builders.prompts_batch(prompts, [0, 1, 2, 3], tokenizer.pad_token_id)
+    prompts = datasets.load_prompts([task["train"]], tokenizer, max_prompt_tokens=64, limit=4)
+    batch = datasets.prompts_batch(prompts, [0, 1, 2, 3], tokenizer.pad_token_id)
     return worker.generate(batch, SamplingParams(temperature=1.0, max_tokens=6), seed=0)
 
 

@@ -7,7 +7,7 @@ from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.ranks import InProcessRanks
 from stratarl.engine.actor import Actor
 from stratarl.engine.requests import UpdateRequest
-from stratarl.trainer.actor_loss import ActorLoss
+from stratarl.objective.actor_loss import ActorLoss
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.fields import ROW_ID
 from tests.engine.tiny_batches import ragged_batch, tiny_model

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from stratarl.assembly import roles
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.engine.actor import Actor
 from stratarl.engine.checkpoint import CheckpointManager
@@ -21,9 +22,8 @@ from stratarl.engine.offload import optimizer_state_devices
 from stratarl.engine.optim import ADAMW_IMPLS
 from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
 from stratarl.engine.requests import UpdateRequest
+from stratarl.objective.actor_loss import ActorLoss
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer import builders
-from stratarl.trainer.actor_loss import ActorLoss
 from stratarl.trainer.rl_trainer import RLTrainer
 from tests.engine.tiny_batches import policy_gradient_loss, ragged_batch, tiny_model
 from tests.trainer.precision_gap import BF16, rollout_training_gap, served_dtype
@@ -37,9 +37,7 @@ HAND_OFF = ("actor.fsdp.optimizer_offload=true", "rollout.free_cache_engine=true
 
 def cuda_worker(task, *overrides: str) -> tuple[PolicyWorker, object]:
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    spec = builders.policy_spec(
-        small_config(task, "cluster.device=cuda", *overrides), tokenizer, total_steps=2
-    )
+    spec = roles.policy_spec(small_config(task, "cluster.device=cuda", *overrides), tokenizer, total_steps=2)
     return PolicyWorker(spec), tokenizer
 
 

@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
+from stratarl.assembly import datasets, roles
 from stratarl.cluster.run_checkpoint import RunCheckpoint
 from stratarl.config import RunConfig
 from stratarl.config.setting import leaf_settings
 from stratarl.observe.run_log import read_metrics
 from stratarl.run_directory.lock import LOCK_FILE, RunDirectoryError, RunLock
 from stratarl.run_directory.resume_rules import FIXED, FREE_KEYS
-from stratarl.trainer import builders
 from stratarl.trainer.rl_trainer import RLTrainer
 from tests.trainer.test_rl_trainer import small_config
 
@@ -224,8 +224,8 @@ def test_a_lock_left_by_another_host_is_not_taken_over(tmp_path):
 def test_retention_deletes_only_checkpoints_of_the_run_that_saves(task, tmp_path):
     """Another run's newer-numbered checkpoints in the same directory survive this run's retention."""
     cfg = small_config(task)
-    tokenizer = builders.load_tokenizer(cfg)
-    worker = builders.build_policy_worker(cfg, tokenizer, total_steps=3)
+    tokenizer = datasets.load_tokenizer(cfg)
+    worker = roles.build_policy_worker(cfg, tokenizer, total_steps=3)
     root = tmp_path / "checkpoints"
     other = RunCheckpoint(root, policy=worker, lineage="old-run")
     for step in (5, 6):

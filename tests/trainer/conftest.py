@@ -3,12 +3,12 @@ task with a 1M model SFT taught to call the calculator, each built once."""
 
 import pytest
 
+from stratarl.assembly import datasets
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import RunLog
-from stratarl.trainer import builders
 from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.sft import run_sft, sft_worker
 
@@ -36,8 +36,8 @@ def sft_tool_task(tmp_path_factory):
     from tests.trainer.test_agent_rollout import tool_config
 
     cfg = tool_config(task, "sft.lr=3e-3")
-    tokenizer = builders.load_tokenizer(cfg)
-    dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
+    tokenizer = datasets.load_tokenizer(cfg)
+    dataset = datasets.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
     worker = sft_worker(cfg, tokenizer, total_steps=60)
     log = RunLog(root / "sft")
     run_sft(worker, dataset, tokenizer, examples_per_step=16, total_steps=60, seed=0, log=log,

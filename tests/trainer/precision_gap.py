@@ -8,8 +8,8 @@ import dataclasses
 import torch
 from transformers import AutoTokenizer
 
+from stratarl.assembly import roles
 from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.trainer import builders
 from tests.trainer.test_engine_settings import sampled_batch
 from tests.trainer.test_rl_trainer import small_config
 
@@ -18,7 +18,7 @@ def rollout_training_gap(task, device: str, *overrides: str) -> dict[str, float]
     """|rollout_log_probs − old_log_probs| over the response tokens of 8 sampled trajectories of the
     tiny task model on `device` ("cpu" or "cuda"), under config `overrides`: mean and max, in nats."""
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    spec = builders.policy_spec(small_config(task, *overrides), tokenizer, total_steps=1)
+    spec = roles.policy_spec(small_config(task, *overrides), tokenizer, total_steps=1)
     worker = PolicyWorker(dataclasses.replace(spec, model=dataclasses.replace(spec.model, device=device)))
     batch = sampled_batch(worker, task, tokenizer)
     training = worker.compute_log_prob(batch)["old_log_probs"]

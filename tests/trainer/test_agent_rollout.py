@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from stratarl.apps.tool_quickstart import RECIPE
+from stratarl.assembly import algorithm, datasets, roles, scoring
 from stratarl.config import ConfigError, load_config, validate_config
 from stratarl.data.schema import read_rows, write_rows
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer import builders, phases, reward_builder
+from stratarl.trainer import phases
 from stratarl.trainer.agent_rollout import build_agent_rollout, check_agent_names
 from stratarl.trainer.agent_validation import TOOL_SUCCESS_KEY, run_agent_validation, tool_call_success_rate
 from stratarl.trainer.rl_trainer import RLTrainer
@@ -95,14 +96,14 @@ def test_two_grpo_steps_run_episodes_with_tool_calls_and_record_them(task, tmp_p
 
 def test_tool_tokens_have_mask_zero_and_no_log_prob(built_agent, task):
     cfg = tool_config(task, "rollout.n=8")
-    tokenizer = builders.load_tokenizer(cfg)
-    dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
+    tokenizer = datasets.load_tokenizer(cfg)
+    dataset = datasets.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
     agent = built_agent(cfg, tokenizer)
-    worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
+    worker = roles.build_policy_worker(cfg, tokenizer, total_steps=1)
     prompts = phases.expand_prompts(
-        builders.prompts_batch(dataset, [0, 1, 2, 3], tokenizer.pad_token_id), 8, "t"
+        datasets.prompts_batch(dataset, [0, 1, 2, 3], tokenizer.pad_token_id), 8, "t"
     )
-    batch, metrics = agent.generate(worker, prompts, builders.train_sampling(cfg), seed=3)
+    batch, metrics = agent.generate(worker, prompts, algorithm.train_sampling(cfg), seed=3)
     assert batch["num_turns"].shape == (32,) and metrics["num_turns/max"] >= 3
     mask, log_probs = batch["response_mask"], batch["rollout_log_probs"]
     observed = 0
@@ -137,13 +138,13 @@ def test_tool_tokens_have_mask_zero_and_no_log_prob(built_agent, task):
 
 def test_agent_validation_reports_accuracy_and_tool_success(built_agent, task):
     cfg = tool_config(task)
-    tokenizer = builders.load_tokenizer(cfg)
-    val_set = builders.load_prompts(cfg.data.val_files, tokenizer, max_prompt_tokens=64, limit=None)
+    tokenizer = datasets.load_tokenizer(cfg)
+    val_set = datasets.load_prompts(cfg.data.val_files, tokenizer, max_prompt_tokens=64, limit=None)
     agent = built_agent(cfg, tokenizer)
-    worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
+    worker = roles.build_policy_worker(cfg, tokenizer, total_steps=1)
     metrics, records = run_agent_validation(
-        agent, worker, val_set, tokenizer=tokenizer, compute_score=builders.build_compute_score(cfg),
-        sampling=builders.val_sampling(cfg), n=1, step=0, seed=0,
+        agent, worker, val_set, tokenizer=tokenizer, compute_score=scoring.build_compute_score(cfg),
+        sampling=algorithm.val_sampling(cfg), n=1, step=0, seed=0,
     )  # fmt: skip
     assert len(records) == len(val_set)
     accuracy = metrics["val-core/tool_arithmetic/acc/mean@1"]
@@ -175,7 +176,7 @@ def test_tool_call_success_rate_counts_malformed_calls_as_failed_attempts():
 def test_agent_settings_are_validated_naming_the_key(task):
     with pytest.raises(ConfigError, match=r"agent\.truncate_side"):
         validate_config(tool_config(task, "agent.truncate_side=left"))
-    tokenizer = builders.load_tokenizer(tool_config(task))
+    tokenizer = datasets.load_tokenizer(tool_config(task))
     with pytest.raises(ConfigError, match=r"agent\.max_parallel_calls"):
         build_agent_rollout(tool_config(task, "agent.max_parallel_calls=0"), tokenizer)
     with pytest.raises(ConfigError, match=r"agent\.tool_config_path.*not found"):
@@ -189,16 +190,16 @@ def test_agent_settings_are_validated_naming_the_key(task):
 
 def test_streaming_reward_scores_as_the_reward_phase_would(task):
     cfg = tool_config(task, "agent.streaming_reward=true", "reward.num_workers=1")
-    tokenizer = builders.load_tokenizer(cfg)
-    dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
-    compute_score = builders.build_compute_score(cfg)
+    tokenizer = datasets.load_tokenizer(cfg)
+    dataset = datasets.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
+    compute_score = scoring.build_compute_score(cfg)
     agent = build_agent_rollout(cfg, tokenizer)
-    rewards = reward_builder.build_reward(cfg)
-    worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
-    prompts = phases.expand_prompts(builders.prompts_batch(dataset, [0, 1], tokenizer.pad_token_id), 4, "s")
+    rewards = scoring.build_reward(cfg)
+    worker = roles.build_policy_worker(cfg, tokenizer, total_steps=1)
+    prompts = phases.expand_prompts(datasets.prompts_batch(dataset, [0, 1], tokenizer.pad_token_id), 4, "s")
     try:
         streamed, metrics = agent.generate(
-            worker, prompts, builders.train_sampling(cfg), seed=5, rewards=rewards
+            worker, prompts, algorithm.train_sampling(cfg), seed=5, rewards=rewards
         )
     finally:
         agent.close()
@@ -217,21 +218,21 @@ def test_each_row_runs_the_agent_loop_its_dataset_row_names(built_agent, task, t
         row["agent_name"] = "single_turn_agent" if i % 2 == 0 else None
     path = write_rows(tmp_path / "named.parquet", rows)
     cfg = tool_config(task, f"data.val_files=['{path}']")
-    tokenizer = builders.load_tokenizer(cfg)
-    val_set = builders.load_prompts(cfg.data.val_files, tokenizer, max_prompt_tokens=64, limit=None)
+    tokenizer = datasets.load_tokenizer(cfg)
+    val_set = datasets.load_prompts(cfg.data.val_files, tokenizer, max_prompt_tokens=64, limit=None)
     assert [item.agent_name for item in val_set.items] == [r["agent_name"] for r in rows]
     agent = built_agent(cfg, tokenizer)
-    worker = builders.build_policy_worker(cfg, tokenizer, total_steps=1)
+    worker = roles.build_policy_worker(cfg, tokenizer, total_steps=1)
     _, records = run_agent_validation(
-        agent, worker, val_set, tokenizer=tokenizer, compute_score=builders.build_compute_score(cfg),
-        sampling=builders.val_sampling(cfg), n=1, step=0, seed=0,
+        agent, worker, val_set, tokenizer=tokenizer, compute_score=scoring.build_compute_score(cfg),
+        sampling=algorithm.val_sampling(cfg), n=1, step=0, seed=0,
     )  # fmt: skip
     single = [r for r in records if r["source_row"] % 2 == 0]
     assert all(len(r["turns"]) == 1 and not r["turns"][0]["tool_calls"] for r in single)
     assert any(c for r in records if r["source_row"] % 2 for t in r["turns"] for c in t["tool_calls"])
     rows[1]["agent_name"] = "react_agent"
     write_rows(tmp_path / "unknown.parquet", rows)
-    unknown = builders.load_prompts(
+    unknown = datasets.load_prompts(
         [str(tmp_path / "unknown.parquet")], tokenizer, max_prompt_tokens=64, limit=None
     )
     with pytest.raises(ValueError, match=r"unknown\.parquet row 1: 'react_agent'"):

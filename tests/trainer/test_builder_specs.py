@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from stratarl.assembly import datasets, roles
 from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.trainer import builders
 from tests.trainer.test_engine_settings import sampled_batch
 from tests.trainer.test_rl_trainer import small_config
 
@@ -40,7 +40,7 @@ def test_the_spec_crosses_a_process_boundary_unchanged_and_builds_what_it_says(t
         "rollout.trajectories_per_generate_batch=5",
     )
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    spec = builders.policy_spec(cfg, tokenizer, total_steps=7)
+    spec = roles.policy_spec(cfg, tokenizer, total_steps=7)
     assert pickle.loads(pickle.dumps(spec)) == spec  # what a Ray rank receives
     assert (spec.model.device, spec.precision.param_dtype, spec.actor.optimizer.total_steps) == (
         "cpu",
@@ -55,7 +55,7 @@ def test_the_spec_crosses_a_process_boundary_unchanged_and_builds_what_it_says(t
     assert worker.rollout._core.max_num_seqs == 5
 
     # mixed precision does something: bf16 log-probs are near, not equal to, the fp32 ones
-    fp32 = PolicyWorker(builders.policy_spec(small_config(task), tokenizer, total_steps=7))
+    fp32 = PolicyWorker(roles.policy_spec(small_config(task), tokenizer, total_steps=7))
     batch = sampled_batch(fp32, task, tokenizer)
     low, full = worker.compute_log_prob(batch)["old_log_probs"], fp32.compute_log_prob(batch)["old_log_probs"]
     mask = batch["response_mask"].bool()
@@ -68,11 +68,11 @@ def test_the_adamw_kernels_of_the_config_reach_the_actor_and_the_critic(task):
         task, "actor.adamw_impl=fused", "algorithm.adv_estimator=gae", "critic.adamw_impl=foreach"
     )
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    actor = builders.build_policy_worker(cfg, tokenizer, total_steps=1).local_worker().actor
-    critic = builders.build_critic_worker(cfg, total_steps=1).local_worker().critic
+    actor = roles.build_policy_worker(cfg, tokenizer, total_steps=1).local_worker().actor
+    critic = roles.build_critic_worker(cfg, total_steps=1).local_worker().critic
     assert (actor.optimizer.defaults["fused"], actor.optimizer.defaults["foreach"]) == (True, False)
     assert (critic.optimizer.defaults["fused"], critic.optimizer.defaults["foreach"]) == (False, True)
-    default = builders.policy_spec(small_config(task), tokenizer, total_steps=1)
+    default = roles.policy_spec(small_config(task), tokenizer, total_steps=1)
     assert PolicyWorker(default).actor.optimizer.defaults["foreach"] is None  # auto: torch chooses
 
 
@@ -80,7 +80,7 @@ def test_threads_per_worker_sets_the_threads_of_this_process_in_process(task):
     before = torch.get_num_threads()
     try:
         cfg = small_config(task, "cluster.threads_per_worker=1")
-        builders.build_policy_worker(cfg, AutoTokenizer.from_pretrained(task["model"]), total_steps=1)
+        roles.build_policy_worker(cfg, AutoTokenizer.from_pretrained(task["model"]), total_steps=1)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -105,8 +105,8 @@ def shipped_code_model(task, tmp_path):
 def test_trust_remote_code_is_read_where_the_model_and_tokenizer_load(task, shipped_code_model):
     cfg = small_config(task, f"model.path={shipped_code_model}")
     with pytest.raises(ValueError, match="trust_remote_code"):  # the model's code may not run
-        builders.build_policy_worker(cfg, AutoTokenizer.from_pretrained(task["model"]), total_steps=1)
+        roles.build_policy_worker(cfg, AutoTokenizer.from_pretrained(task["model"]), total_steps=1)
     trusted = small_config(task, f"model.path={shipped_code_model}", "model.trust_remote_code=true")
-    tokenizer = builders.load_tokenizer(trusted)
-    worker = builders.build_policy_worker(trusted, tokenizer, total_steps=1).local_worker()
+    tokenizer = datasets.load_tokenizer(trusted)
+    worker = roles.build_policy_worker(trusted, tokenizer, total_steps=1).local_worker()
     assert type(worker.actor.lm).__name__ == type(worker.rollout.model).__name__ == "ShippedForCausalLM"

@@ -5,12 +5,13 @@ the critic's) needs the policy group on Ray, and the watchdog arms its process."
 import pytest
 from transformers import AutoTokenizer
 
+from stratarl.assembly import run_watch
+from stratarl.assembly.datasets import load_prompts
+from stratarl.assembly.roles import build_critic_worker, placement_plan
+from stratarl.assembly.scoring import build_reward_model
 from stratarl.cluster.placement import Bundle, PlacementError, validate_plan
 from stratarl.config import load_config
 from stratarl.reward.manager import RewardManager
-from stratarl.trainer import run_watch
-from stratarl.trainer.builders import build_critic_worker, load_prompts, placement_plan
-from stratarl.trainer.reward_builder import build_reward_model
 
 
 def test_max_prompts_minus_one_keeps_all_and_a_limit_subsamples_with_a_seed(task):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from stratarl.apps.quickstart import RECIPE
+from stratarl.assembly import datasets
 from stratarl.cli import main
 from stratarl.config import load_config
 from stratarl.observe.doctor import diagnose
@@ -20,7 +21,6 @@ from stratarl.observe.plots import PLOTS
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.trace_answers import QUESTIONS
 from stratarl.observe.trace_store import read_steps
-from stratarl.trainer import builders
 from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.trainer.sft import run_sft, sft_worker
 
@@ -36,8 +36,8 @@ def sft_task(task, tmp_path_factory):
     root = tmp_path_factory.mktemp("doctor")
     sft = ["sft.lr=3e-3", "sft.lr_schedule=constant", "sft.trajectories_per_step=32"]
     cfg = load_config(RECIPE, overrides(task, *sft, "sft.trajectories_per_micro_batch=32"))
-    tokenizer = builders.load_tokenizer(cfg)
-    dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
+    tokenizer = datasets.load_tokenizer(cfg)
+    dataset = datasets.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
     worker = sft_worker(cfg, tokenizer, total_steps=80)
     run_sft(
         worker, dataset, tokenizer, examples_per_step=32, total_steps=80, seed=0, log=RunLog(root / "sft")

@@ -3,6 +3,7 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from stratarl.assembly import datasets, roles
 from stratarl.engine.actor import compute_log_probs
 from stratarl.engine.hf_models import ModelSpec, load_causal_lm
 from stratarl.engine.lora import base_state
@@ -10,7 +11,6 @@ from stratarl.engine.requests import UpdateRequest
 from stratarl.observe.run_log import read_metrics
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import tensor_bytes
-from stratarl.trainer import builders
 from stratarl.trainer.rl_trainer import RLTrainer
 from tests.engine.tiny_batches import policy_gradient_loss
 from tests.trainer.test_rl_trainer import small_config as rl_trainer_config
@@ -77,8 +77,8 @@ def test_three_lora_steps_from_a_recipe(task, tmp_path):
 
 def sampled_batch(worker, task, tokenizer, seed=0):
     """8 sampled trajectories of the first 4 prompts, with random advantages."""
-    prompts = builders.load_prompts([task["train"]], tokenizer, max_prompt_tokens=64, limit=4)
-    batch = builders.prompts_batch(prompts, [0, 1, 2, 3, 0, 1, 2, 3], tokenizer.pad_token_id)
+    prompts = datasets.load_prompts([task["train"]], tokenizer, max_prompt_tokens=64, limit=4)
+    batch = datasets.prompts_batch(prompts, [0, 1, 2, 3, 0, 1, 2, 3], tokenizer.pad_token_id)
     out = worker.generate(batch, SamplingParams(temperature=1.0, max_tokens=8), seed=seed)
     g = torch.Generator().manual_seed(seed)
     advantages = torch.randn(out["response_mask"].shape, generator=g) * out["response_mask"]
@@ -97,7 +97,7 @@ def test_packed_padded_and_token_budget_updates_agree(task):
         "budget": ["actor.max_tokens_per_micro_batch=80", "actor.logit_chunk_size=7"],
     }
     workers = {
-        name: builders.build_policy_worker(
+        name: roles.build_policy_worker(
             small_config(task, "actor.lr=1e-4", "actor.trajectories_per_micro_batch=2", *extra),
             tokenizer,
             total_steps=1,

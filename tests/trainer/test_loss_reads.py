@@ -4,10 +4,10 @@ the same loss as on the full batch (the TransferQueue path sends a rank nothing 
 import pytest
 import torch
 
+from stratarl.assembly import algorithm
 from stratarl.config import load_config
 from stratarl.engine.forward import ResponseScores, ValueScores
 from stratarl.engine.training import BatchTotals
-from stratarl.trainer import builders
 from stratarl.transport.data_proto import DataProto
 
 N, T = 6, 5
@@ -45,7 +45,7 @@ ACTOR_SETTINGS = [
 
 @pytest.mark.parametrize("overrides", ACTOR_SETTINGS, ids=lambda o: " ".join(o) or "default")
 def test_the_actor_loss_reads_only_what_it_declares(overrides):
-    loss_fn = builders.build_actor_loss(load_config(None, overrides))
+    loss_fn = algorithm.build_actor_loss(load_config(None, overrides))
     micro, g = full_micro(), torch.Generator().manual_seed(1)
     scores = ResponseScores(-torch.rand(N, T, generator=g), torch.rand(N, T, generator=g))
     totals = BatchTotals(num_tokens=int(micro["response_mask"].sum()), num_sequences=N)
@@ -56,7 +56,7 @@ def test_the_actor_loss_reads_only_what_it_declares(overrides):
 
 
 def test_the_value_loss_reads_only_what_it_declares():
-    loss_fn = builders.build_value_loss(
+    loss_fn = algorithm.build_value_loss(
         load_config(None, ["algorithm.adv_estimator=gae", "critic.enable=true"])
     )
     micro = full_micro()

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from transformers import Qwen2Config
 
+from stratarl.assembly import roles
 from stratarl.config import load_config
 from stratarl.config.schema_async import READ_BY_MODE, AsyncTrainingConfig, async_problems
-from stratarl.trainer import builders, correction, pi_old, training_modes
+from stratarl.trainer import correction, pi_old, training_modes
 
 PACKAGE = Path(__file__).resolve().parents[2] / "stratarl"
 KEYS = {f.name: f for f in dataclasses.fields(AsyncTrainingConfig)}
@@ -44,7 +45,7 @@ def _run_read_sites(cfg) -> None:
     pi_old.reuse_blockers(
         cfg, model_has_dropout=pi_old.has_dropout(Qwen2Config()), estimator_inputs=frozenset()
     )
-    builders.rollout_engine_spec(cfg, share_weights=builders.shares_weights(cfg))
+    roles.rollout_engine_spec(cfg, share_weights=roles.shares_weights(cfg))
     source = training_modes.build_batch_source(
         cfg, StubCollector(), StubWorker(), None, total_steps=2, version_of=lambda s: s - 1, first_step=1
     )
@@ -55,7 +56,7 @@ READ_SITES = {  # (module under stratarl/, function): every place outside config
     ("trainer/correction.py", "correction_settings"),
     ("trainer/training_modes.py", "build_batch_source"),
     ("trainer/pi_old.py", "reuse_blockers"),
-    ("trainer/builders.py", "rollout_engine_spec"),
+    ("assembly/roles.py", "rollout_engine_spec"),
 }
 
 

@@ -5,11 +5,12 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
+from stratarl.assembly import algorithm
 from stratarl.config import load_config
 from stratarl.engine.forward import ResponseScores
 from stratarl.engine.training import BatchTotals
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer import builders, pi_old
+from stratarl.trainer import pi_old
 from stratarl.trainer.rl_trainer import RLTrainer
 from stratarl.transport.data_proto import DataProto
 from tests.trainer.test_rl_trainer import small_config
@@ -28,7 +29,7 @@ def test_the_loss_with_pi_old_from_its_forward_equals_the_loss_given_those_log_p
         log_prob = (-torch.rand(N, T, generator=torch.Generator().manual_seed(1))).requires_grad_()
         scores = ResponseScores(log_prob, torch.rand(N, T, generator=torch.Generator().manual_seed(2)))
         given = micro.union(DataProto.from_dict({"old_log_probs": log_prob.detach() * mask}))
-        loss_fn = builders.build_actor_loss(cfg, old_log_prob_from_forward=from_forward)
+        loss_fn = algorithm.build_actor_loss(cfg, old_log_prob_from_forward=from_forward)
         loss, metrics = loss_fn(micro if from_forward else given, scores, totals)
         loss.backward()
         return loss, log_prob.grad, metrics
@@ -41,12 +42,12 @@ def test_the_loss_with_pi_old_from_its_forward_equals_the_loss_given_those_log_p
 
 def old_log_prob_source(cfg):
     """Where the trainer takes π_old from for `cfg` (its tiny models have no dropout)."""
-    inputs = builders.estimator_inputs(cfg)
+    inputs = algorithm.estimator_inputs(cfg)
     return pi_old.choose_old_log_probs(cfg, model_has_dropout=False, estimator_inputs=inputs)
 
 
 def blockers(cfg, model_config):
-    inputs = builders.estimator_inputs(cfg)
+    inputs = algorithm.estimator_inputs(cfg)
     return pi_old.reuse_blockers(
         cfg, model_has_dropout=pi_old.has_dropout(model_config), estimator_inputs=inputs
     )

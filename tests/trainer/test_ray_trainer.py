@@ -12,10 +12,10 @@ pytest.importorskip("ray")
 import ray
 
 from stratarl.apps.quickstart import RECIPE
+from stratarl.assembly import datasets, roles
 from stratarl.cluster.ranks import WorkerError
 from stratarl.config import load_config
 from stratarl.observe.run_log import read_metrics
-from stratarl.trainer import builders
 from stratarl.trainer.rl_trainer import RLTrainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -106,7 +106,7 @@ def test_a_critic_that_cannot_start_stops_the_policy_processes_too(task, tmp_pat
         "critic.prompts_per_mini_batch=4",
     )
     cfg = ray_config(task, tmp_path / "run", "colocated", total_steps=1, extra=ppo)
-    tokenizer = builders.load_tokenizer(cfg)
+    tokenizer = datasets.load_tokenizer(cfg)
     with pytest.raises(WorkerError, match="critic worker group failed in phase 'init'"):
-        builders.build_workers(cfg, tokenizer, total_steps=1)
+        roles.build_workers(cfg, tokenizer, total_steps=1)
     assert not ray.is_initialized()

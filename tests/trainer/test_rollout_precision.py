@@ -7,11 +7,11 @@ frees the cache at the first training phase."""
 import torch
 from transformers import AutoTokenizer
 
+from stratarl.assembly import roles
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.engine.offload import optimizer_state_devices
 from stratarl.engine.requests import UpdateRequest
-from stratarl.trainer import builders
-from stratarl.trainer.actor_loss import ActorLoss
+from stratarl.objective.actor_loss import ActorLoss
 from tests.trainer.precision_gap import BF16, rollout_training_gap, served_dtype
 from tests.trainer.test_engine_settings import sampled_batch
 from tests.trainer.test_rl_trainer import small_config
@@ -19,7 +19,7 @@ from tests.trainer.test_rl_trainer import small_config
 
 def test_rollout_dtype_serves_a_bf16_copy_and_the_gap_is_bf16_rounding(task):
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    spec = builders.policy_spec(small_config(task, *BF16), tokenizer, total_steps=1)
+    spec = roles.policy_spec(small_config(task, *BF16), tokenizer, total_steps=1)
     worker = PolicyWorker(spec)
     assert spec.rollout.dtype == "bfloat16" and served_dtype(worker) == torch.bfloat16
     assert next(worker.actor.model.parameters()).dtype == torch.float32  # master weights stay fp32
@@ -32,11 +32,9 @@ def test_rollout_dtype_serves_a_bf16_copy_and_the_gap_is_bf16_rounding(task):
 def test_the_hand_off_keys_reach_the_worker_and_do_nothing_on_cpu(task):
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
     cfg = small_config(task, "actor.fsdp.optimizer_offload=true")
-    spec = builders.policy_spec(cfg, tokenizer, total_steps=1)
+    spec = roles.policy_spec(cfg, tokenizer, total_steps=1)
     assert spec.rollout.free_cache_engine and spec.precision.offload_optimizer
-    off = builders.policy_spec(
-        small_config(task, "rollout.free_cache_engine=false"), tokenizer, total_steps=1
-    )
+    off = roles.policy_spec(small_config(task, "rollout.free_cache_engine=false"), tokenizer, total_steps=1)
     assert not off.rollout.free_cache_engine and not off.precision.offload_optimizer
     worker = PolicyWorker(spec)
     assert not worker.frees_rollout_cache and not worker.offloads_optimizer  # one RAM serves both phases
@@ -54,7 +52,7 @@ def test_the_hand_off_where_it_applies_frees_the_cache_at_the_first_training_pha
     """The GPU decision forced on a CPU worker (the steps are the same; only memory_allocated needs a
     GPU, tests/gpu): the KV cache goes at the old log-prob, and the update reports what went."""
     tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    spec = builders.policy_spec(
+    spec = roles.policy_spec(
         small_config(task, "actor.fsdp.optimizer_offload=true"), tokenizer, total_steps=1
     )
     worker = PolicyWorker(spec)

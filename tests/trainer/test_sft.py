@@ -4,16 +4,16 @@ import pytest
 import torch
 
 from stratarl.apps.quickstart import RECIPE
+from stratarl.assembly import datasets
 from stratarl.config import load_config
 from stratarl.observe.run_log import RunLog
-from stratarl.trainer import builders
 from stratarl.trainer.sft import run_sft, sft_batch, sft_worker
 
 
 def setup(task):
     cfg = load_config(RECIPE, [f"data.train_files=['{task['train']}']", f"model.path={task['model']}"])
-    tokenizer = builders.load_tokenizer(cfg)
-    dataset = builders.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
+    tokenizer = datasets.load_tokenizer(cfg)
+    dataset = datasets.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
     return cfg, tokenizer, dataset
 
 

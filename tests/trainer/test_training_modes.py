@@ -14,12 +14,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from stratarl.assembly.run_watch import PHASE_ROLES
 from stratarl.config import ConfigError, validate_config
 from stratarl.observe.doctor import diagnose
 from stratarl.observe.doctor_view import load_run
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer.rl_trainer import RLTrainer
-from stratarl.trainer.run_watch import PHASE_ROLES
 from tests.trainer.test_resume import comparable as without_timings
 from tests.trainer.test_rl_trainer import small_config
 

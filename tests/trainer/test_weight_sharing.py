@@ -4,12 +4,12 @@ engine with its own, synced copy generates, step after step — and holds no sec
 import pytest
 import torch
 
+from stratarl.assembly import roles
 from stratarl.config import ConfigError, load_config, validate_config
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import read_metrics
 from stratarl.rollout.weight_sync import WeightSyncError
-from stratarl.trainer import builders
 from stratarl.trainer.rl_trainer import RLTrainer
 from tests.trainer.test_rl_trainer import RECIPE, small_config
 
@@ -64,13 +64,13 @@ def test_shared_weights_generate_what_a_synced_copy_generates(family, task, tmp_
 
 
 def test_auto_shares_only_where_it_is_safe(task):
-    assert builders.shares_weights(small_config(task))  # in-process, torch, sync, no LoRA
+    assert roles.shares_weights(small_config(task))  # in-process, torch, sync, no LoRA
     for override in ("trainer.mode=one_step_off", "actor.lora.rank=4", "rollout.dtype=bfloat16"):
-        assert not builders.shares_weights(small_config(task, override)), override
-    assert not builders.shares_weights(small_config(task, "rollout.weight_sharing=copy"))
+        assert not roles.shares_weights(small_config(task, override)), override
+    assert not roles.shares_weights(small_config(task, "rollout.weight_sharing=copy"))
     # stratarl sft trains in this process, the whole model, between generations: only the engine counts
-    assert builders.shares_weights(small_config(task, "trainer.mode=one_step_off"), sft=True)
-    assert not builders.shares_weights(small_config(task, "rollout.dtype=bfloat16"), sft=True)
+    assert roles.shares_weights(small_config(task, "trainer.mode=one_step_off"), sft=True)
+    assert not roles.shares_weights(small_config(task, "rollout.dtype=bfloat16"), sft=True)
 
 
 @pytest.mark.parametrize(

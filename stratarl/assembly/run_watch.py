@@ -1,4 +1,4 @@
-"""Layer 2, control flow: the run's watchdog from `watchdog.*`, and the worker processes it can dump.
+"""Assembly: the run's watchdog from `watchdog.*`, and the worker processes it can dump.
 
 Every phase of `fit()` runs under a deadline (`observe.watchdog`). The worker groups' processes —
 Ray ranks, rollout replicas and the reward model's process — are armed at the start, so that a

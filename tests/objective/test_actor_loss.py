@@ -4,7 +4,7 @@ import torch
 
 from stratarl.engine.forward import ResponseScores
 from stratarl.engine.training import BatchTotals
-from stratarl.trainer.actor_loss import ActorLoss
+from stratarl.objective.actor_loss import ActorLoss
 from stratarl.transport.data_proto import DataProto
 
 

@@ -1,4 +1,4 @@
-"""Layer 2, control flow: the critic's objective, composed from `algo/` for the engine.
+"""RL math, composed: the critic's objective, composed from `algo/` for the engine.
 
     L_V = agg(½ · max((V_θ − R)², (clip(V_θ, V_old − c, V_old + c) − R)²))
 

@@ -1,24 +1,34 @@
-"""Layer 2, control flow: the builder of the run's reward — config `reward.*` to a `RewardManager`.
+"""Assembly: the run's reward — config `reward.*` to a `RewardManager`.
 
-Kept beside `builders` (config stops here too): the rule scorer's worker processes, the reward
-model's worker (on the Ray backend a rank process on the reward model's pool of the policy's
-placement plan), the remote reward and the overlong penalty.
+The rule scorer (a custom function by file path, else the registry keyed by data_source) and its
+worker processes, the reward model's worker (on the Ray backend a rank process on the reward
+model's pool of the policy's placement plan), the remote reward and the overlong penalty.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratarl.cluster.reward_worker import RewardModelSpec, RewardModelWorker
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
+from stratarl.reward.custom import load_custom_scorer
 from stratarl.reward.manager import InProcessScorer, OverlongSettings, RewardManager
 from stratarl.reward.process_pool import ScoringPool
+from stratarl.reward.registry import default_compute_score
 from stratarl.reward.remote import RemoteScorer
-from stratarl.trainer.builders import build_compute_score
 
 if TYPE_CHECKING:
     from stratarl.cluster.ray_reward_model import RayRewardModel
+
+
+def build_compute_score(cfg: RunConfig):
+    """The reward function: a custom one by file path, else the registry keyed by data_source."""
+    r = cfg.reward
+    if r.custom_function_path:
+        return load_custom_scorer(Path(r.custom_function_path), r.custom_function_name, **r.function_kwargs)
+    return default_compute_score
 
 
 def build_reward(cfg: RunConfig, policy: PolicyWorkerGroup | None = None) -> RewardManager:
@@ -80,7 +90,7 @@ def build_reward_model(
 ) -> RewardModelWorker | RayRewardModel:
     """`reward.model.*` as one `RewardModelWorker` in this process (cluster.backend=in-process), or
     as a Ray rank process holding the same worker on the reward model's pool, which the policy group
-    (`policy`, built first) reserved with its plan (`builders.placement_plan`)."""
+    (`policy`, built first) reserved with its plan (`roles.placement_plan`)."""
     m = cfg.reward.model
     spec = RewardModelSpec(
         path=m.path,

@@ -1,22 +1,19 @@
-"""Layer 2, control flow: builders that turn the run config into components and plain arguments.
+"""Assembly: the trained roles from the config — typed specs, then their worker groups.
 
-Config stops here (docs/design.md#config-stops-at-the-boundary): everything below the trainer
-receives typed specs (`cluster.specs`: one per role, in one process and on Ray) or keyword arguments.
+Config stops here (docs/design.md#config-stops-at-the-boundary): the policy and the critic are
+built from `cluster.specs` (one spec per role: the same worker in this process and on every Ray
+rank), and the Ray placement plan from `cluster.*`; everything below receives those specs or plain
+keyword arguments, never a `RunConfig`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from stratarl.algo.advantages import get_advantage_estimator
-from stratarl.algo.kl_control import KLController, make_kl_controller
+from stratarl.assembly.datasets import eos_token_ids
 from stratarl.cluster.critic_group import CriticWorkerGroup
 from stratarl.cluster.placement import PlacementPlan, WorkerSizes, make_plan
 from stratarl.cluster.specs import (
@@ -34,69 +31,6 @@ from stratarl.cluster.specs import (
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
 from stratarl.config.rollout_weights import sharing_blockers
-from stratarl.data import tokenizer_loading
-from stratarl.data.collate import collate_prompts
-from stratarl.data.prompt_dataset import PromptDataset, load_prompt_dataset
-from stratarl.reward.custom import load_custom_scorer
-from stratarl.reward.registry import default_compute_score
-from stratarl.rollout.interface import SamplingParams
-from stratarl.trainer.actor_loss import ActorLoss
-from stratarl.trainer.critic_loss import ValueLoss
-from stratarl.transport.data_proto import DataProto
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python's, numpy's and torch's global generators (a run's first act)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load_tokenizer(cfg: RunConfig) -> Any:
-    """The policy's tokenizer, with a pad token (`data.tokenizer_loading`)."""
-    return tokenizer_loading.load_tokenizer(
-        cfg.model.tokenizer_path or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
-    )
-
-
-def eos_token_ids(tokenizer: Any) -> list[int]:
-    ids = tokenizer.eos_token_id
-    return [ids] if isinstance(ids, int) else list(ids)
-
-
-def data_columns(cfg: RunConfig) -> dict[str, Any]:
-    """How rows are read (data.prompt_key, data.data_source_key, data.filter_overlong), as the keyword
-    arguments of `load_prompts`."""
-    d = cfg.data
-    return {
-        "prompt_key": d.prompt_key,
-        "data_source_key": d.data_source_key,
-        "filter_overlong": d.filter_overlong,
-    }
-
-
-def load_prompts(
-    files: list[str],
-    tokenizer: Any,
-    *,
-    max_prompt_tokens: int,
-    limit: int | None,
-    seed: int = 0,
-    **columns: Any,
-) -> PromptDataset:
-    """The prompts of `files`; with 0 ≤ limit < their number, a seeded subsample of `limit` of them in
-    file order (data.max_*_prompts; a negative limit or None keeps all). `columns`: `data_columns`."""
-    dataset = load_prompt_dataset(files, tokenizer, max_prompt_tokens=max_prompt_tokens, **columns)
-    if limit is not None and 0 <= limit < len(dataset):
-        keep = np.sort(np.random.default_rng(seed).choice(len(dataset), size=limit, replace=False))
-        dataset = PromptDataset([dataset.items[i] for i in keep], dataset.report)
-    return dataset
-
-
-def prompts_batch(dataset: PromptDataset, indices: list[int], pad_token_id: int) -> DataProto:
-    """B dataset rows as a DataProto of their non-tensor columns (prompt ids, sources, answers)."""
-    batch = collate_prompts([dataset[i] for i in indices], pad_token_id=pad_token_id)
-    return DataProto.from_dict(non_tensors=batch.non_tensors)
 
 
 def resolve_device(cfg: RunConfig) -> str:
@@ -256,83 +190,6 @@ def placement_plan(cfg: RunConfig) -> PlacementPlan:
     return make_plan(c.placement, sizes, roles)
 
 
-def rollout_correction_settings(cfg: RunConfig) -> dict[str, Any]:
-    """Keyword arguments of `algo.rollout_correction.rollout_correction` from algorithm.rollout_correction."""
-    rc = cfg.algorithm.rollout_correction
-    return {
-        "rollout_is": rc.rollout_is,
-        "rollout_is_threshold": rc.rollout_is_threshold,
-        "rollout_is_batch_normalize": rc.rollout_is_batch_normalize,
-        "rollout_rs": rc.rollout_rs,
-        "rollout_rs_threshold": rc.rollout_rs_threshold,
-    }
-
-
-# algorithm.rollout_correction.loss_type -> the policy loss bypass mode trains with
-BYPASS_LOSSES = {"ppo_clip": "vanilla", "reinforce": "reinforce"}
-
-
-def build_actor_loss(cfg: RunConfig, *, old_log_prob_from_forward: bool = False) -> ActorLoss:
-    """The actor's loss; old_log_prob_from_forward: π_old from the update's forward (`pi_old.FromUpdate`)."""
-    settings = asdict(cfg.actor.policy_loss)
-    name = settings.pop("name")
-    bypass = cfg.algorithm.rollout_correction.bypass_mode
-    if bypass:  # verl forces the loss: PPO clip against π_rollout, or REINFORCE with IS weights
-        name = BYPASS_LOSSES[cfg.algorithm.rollout_correction.loss_type]
-    return ActorLoss.from_settings(
-        name,
-        settings,
-        bypass_correction=rollout_correction_settings(cfg) if bypass else None,
-        loss_agg_mode=cfg.actor.loss_agg_mode,
-        loss_scale_factor=cfg.actor.loss_scale_factor,
-        entropy_coeff=cfg.actor.entropy_coeff,
-        kl_loss_coef=cfg.actor.kl_loss_coef if cfg.actor.use_kl_loss else 0.0,
-        kl_loss_type=cfg.actor.kl_loss_type,
-        clip_bounds=(cfg.actor.policy_loss.clip_ratio_low, cfg.actor.policy_loss.clip_ratio_high),
-        old_log_prob_from_forward=old_log_prob_from_forward,
-    )
-
-
-def train_sampling(cfg: RunConfig) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=max(r.top_k, 0),
-        max_tokens=r.max_response_tokens,
-        ignore_eos=r.ignore_eos,
-        min_tokens=r.min_response_tokens,
-    )
-
-
-def val_sampling(cfg: RunConfig) -> SamplingParams:
-    v = cfg.rollout.val_kwargs
-    return SamplingParams(
-        temperature=0.0 if v.greedy else v.temperature,
-        top_p=v.top_p,
-        top_k=max(v.top_k, 0),
-        max_tokens=cfg.rollout.max_response_tokens,
-    )
-
-
-def build_compute_score(cfg: RunConfig):
-    """The reward function: a custom one by file path, else the registry keyed by data_source."""
-    r = cfg.reward
-    if r.custom_function_path:
-        return load_custom_scorer(Path(r.custom_function_path), r.custom_function_name, **r.function_kwargs)
-    return default_compute_score
-
-
-def advantage_hyperparameters(cfg: RunConfig) -> dict[str, Any]:
-    a = cfg.algorithm
-    return {
-        "gamma": a.gamma,
-        "lam": a.lam,
-        "norm_adv_by_std": a.norm_adv_by_std,
-        "weights": list(a.gdpo_reward_weights) or None,  # gdpo only; None keeps equal weights
-    }
-
-
 def build_critic_worker(
     cfg: RunConfig, *, total_steps: int, policy: PolicyWorkerGroup | None = None
 ) -> CriticWorkerGroup:
@@ -390,21 +247,3 @@ def build_workers(
     except BaseException:
         policy.shutdown()
         raise
-
-
-def build_kl_controller(cfg: RunConfig) -> KLController | None:
-    """algorithm.kl_ctrl's controller of β when KL is in the reward (use_kl_in_reward); else None."""
-    a = cfg.algorithm
-    if not a.use_kl_in_reward:
-        return None
-    c = a.kl_ctrl
-    return make_kl_controller(c.type, kl_coef=c.kl_coef, target_kl=c.target_kl, horizon=c.horizon)
-
-
-def build_value_loss(cfg: RunConfig) -> ValueLoss:
-    return ValueLoss(cliprange_value=cfg.critic.cliprange_value, loss_agg_mode=cfg.critic.loss_agg_mode)
-
-
-def estimator_inputs(cfg: RunConfig) -> frozenset[str]:
-    """The batch fields the configured advantage estimator requires (e.g. values, sum_pi_squared)."""
-    return get_advantage_estimator(cfg.algorithm.adv_estimator).inputs

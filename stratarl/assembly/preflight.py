@@ -1,4 +1,4 @@
-"""Layer 2, control flow: input checks that need more than the config — run before any worker starts.
+"""Assembly: input checks that need more than the config — run before any worker starts.
 
 `validate_config` checks the settings themselves; these load what they point at and fail as one
 `ConfigError` naming the key, the file and the rows: a dataset that cannot be read, a custom reward
@@ -12,10 +12,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from stratarl.assembly import datasets, scoring
 from stratarl.config import ConfigError, ConfigProblem, RunConfig
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.reward.registry import SCORERS, default_compute_score
-from stratarl.trainer import builders
 
 SHOWN_ROWS = 5  # rows listed per problem
 
@@ -30,18 +30,18 @@ def load_split(cfg: RunConfig, key: str, tokenizer: Any) -> PromptDataset:
         else (d.val_files, d.max_val_prompts)
     )
     try:
-        return builders.load_prompts(
-            files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=limit, **builders.data_columns(cfg)
+        return datasets.load_prompts(
+            files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=limit, **datasets.data_columns(cfg)
         )
     except (ValueError, OSError) as err:
         raise ConfigError([ConfigProblem((key,), str(err))]) from err
 
 
 def reward_function(cfg: RunConfig) -> Callable[..., Any]:
-    """The run's scorer (`builders.build_compute_score`); a custom file that cannot be imported or
+    """The run's scorer (`scoring.build_compute_score`); a custom file that cannot be imported or
     lacks reward.custom_function_name is a ConfigError naming those keys (and the file's functions)."""
     try:
-        return builders.build_compute_score(cfg)
+        return scoring.build_compute_score(cfg)
     except (OSError, ImportError, AttributeError, TypeError) as err:
         keys = ("reward.custom_function_path", "reward.custom_function_name")
         raise ConfigError([ConfigProblem(keys, str(err))]) from err

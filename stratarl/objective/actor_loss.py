@@ -1,4 +1,4 @@
-"""Layer 2, control flow: the actor's objective, composed from `algo/` for the engine.
+"""RL math, composed: the actor's objective, composed from `algo/` for the engine.
 
     L = agg(ℓ_pg) − c_H · agg(H) + c_KL · agg(KL(π ‖ π_ref))
 
