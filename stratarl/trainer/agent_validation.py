@@ -18,13 +18,11 @@ from stratarl.agent.evaluation import run_and_score
 from stratarl.agent.metrics import agent_metrics
 from stratarl.agent.scoring import solution_text
 from stratarl.agent.trajectory import Trajectory
-from stratarl.assembly.datasets import prompts_batch
 from stratarl.cluster.handles import PolicyHandle
 from stratarl.data.prompt_dataset import PromptDataset
 from stratarl.rollout.interface import SamplingParams
-from stratarl.trainer import phases
 from stratarl.trainer.agent_rollout import RECORD_FIELDS, AgentRollout, episode_rows
-from stratarl.trainer.validation import ValidationTally
+from stratarl.trainer.validation import ValidationTally, validation_batches, validation_record
 
 TOOL_SUCCESS_KEY = "val-core/agent/tool_call_success_rate"
 
@@ -53,30 +51,26 @@ def run_agent_validation(
     runner, tally = agent.runner(worker), ValidationTally()
     episodes: list[Trajectory] = []
     records: list[dict[str, Any]] = []
-    for start in range(0, len(dataset), prompts_per_batch):
-        indices = list(range(start, min(start + prompts_per_batch, len(dataset))))
-        batch = phases.expand_prompts(prompts_batch(dataset, indices, tokenizer.pad_token_id), n, step)
-        rows = episode_rows(batch)
+    for start, batch in validation_batches(
+        dataset, tokenizer, n=n, step=step, prompts_per_batch=prompts_per_batch
+    ):
         trajectories, result, _ = run_and_score(
-            runner, rows, sampling, tokenizer, compute_score=compute_score, seed=seed + start * n
+            runner,
+            episode_rows(batch),
+            sampling,
+            tokenizer,
+            compute_score=compute_score,
+            seed=seed + start * n,
         )
         scores, accs = tally.add(batch, result, start)
         episodes += trajectories
         for i, t in enumerate(trajectories):
-            record = t.record()
-            records.append(
-                {
-                    "step": step,
-                    "source_row": int(batch["source_row"][i]),
-                    "data_source": batch["data_source"][i],
-                    "prompt": tokenizer.decode(batch["raw_prompt_ids"][i]),
-                    "ground_truth": batch["ground_truth"][i],
-                    "response": solution_text(tokenizer, t, include_observations=True),
-                    "reward": scores[i],
-                    "acc": accs[i],
-                }
-                | {k: record[k] for k in RECORD_FIELDS}
+            response = solution_text(tokenizer, t, include_observations=True)
+            record = validation_record(
+                batch, i, tokenizer, step=step, response=response, reward=scores[i], acc=accs[i]
             )
+            episode = t.record()
+            records.append(record | {k: episode[k] for k in RECORD_FIELDS})
     metrics = tally.metrics(n)
     metrics |= {f"val-aux/{name}": value for name, value in agent_metrics(episodes).items()}
     success = tool_call_success_rate(episodes)

@@ -9,7 +9,7 @@ warned about when they are many: a cut answer scores 0 whatever the model knows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,30 +47,47 @@ def run_validation(
     """(metrics, one record per generation) over the whole validation set. A record holds the
     prompt, the ground truth, the response, how it ended, its reward and accuracy."""
     tally, records = ValidationTally(), []
-    for start in range(0, len(dataset), prompts_per_batch):
-        indices = list(range(start, min(start + prompts_per_batch, len(dataset))))
-        batch = phases.expand_prompts(prompts_batch(dataset, indices, tokenizer.pad_token_id), n, step)
+    for start, batch in validation_batches(
+        dataset, tokenizer, n=n, step=step, prompts_per_batch=prompts_per_batch
+    ):
         batch = batch.union(worker.generate(batch, sampling, seed=seed + start * n))
         batch, result, texts = phases.reward(batch, tokenizer, compute_score)
         scores, accs = tally.add(batch, result, start)
         lengths = batch["response_mask"].sum(-1).tolist()
-        prompts = [tokenizer.decode(ids) for ids in batch["raw_prompt_ids"]]
         records += [
-            {
-                "step": step,
-                "source_row": int(batch["source_row"][i]),
-                "data_source": batch["data_source"][i],
-                "prompt": prompts[i],
-                "ground_truth": batch["ground_truth"][i],
-                "response": texts[i],
-                "response_tokens": int(lengths[i]),
-                "finish_reason": batch["finish_reason"][i],
-                "reward": scores[i],
-                "acc": accs[i],
-            }
+            validation_record(
+                batch, i, tokenizer, step=step, response=texts[i], reward=scores[i], acc=accs[i]
+            )
+            | {"response_tokens": int(lengths[i]), "finish_reason": batch["finish_reason"][i]}
             for i in range(len(batch))
         ]
     return tally.metrics(n) | length_metrics(records), records
+
+
+def validation_batches(
+    dataset: PromptDataset, tokenizer: Any, *, n: int, step: int, prompts_per_batch: int
+) -> Iterator[tuple[int, DataProto]]:
+    """The validation set in order, `prompts_per_batch` prompts at a time, each expanded to its n
+    samples: (the batch's first row, the batch)."""
+    for start in range(0, len(dataset), prompts_per_batch):
+        indices = list(range(start, min(start + prompts_per_batch, len(dataset))))
+        yield start, phases.expand_prompts(prompts_batch(dataset, indices, tokenizer.pad_token_id), n, step)
+
+
+def validation_record(
+    batch: DataProto, i: int, tokenizer: Any, *, step: int, response: str, reward: float, acc: float
+) -> dict[str, Any]:
+    """What validation_generations.jsonl keeps of sample i: its prompt row, the response and its score."""
+    return {
+        "step": step,
+        "source_row": int(batch["source_row"][i]),
+        "data_source": batch["data_source"][i],
+        "prompt": tokenizer.decode(batch["raw_prompt_ids"][i]),
+        "ground_truth": batch["ground_truth"][i],
+        "response": response,
+        "reward": reward,
+        "acc": acc,
+    }
 
 
 def length_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
