@@ -108,7 +108,7 @@ def run_quickstart(
     per_epoch = max(1, len(train_set) // cfg.sft.trajectories_per_step)
     sft_steps = cfg.sft.total_steps or cfg.sft.total_epochs * per_epoch
     worker = sft_worker(cfg, tokenizer, sft_steps)
-    accuracy_before_sft, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=0)
+    accuracy_before_sft, _, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=0)
     run_sft(
         worker,
         train_set,
@@ -119,7 +119,7 @@ def run_quickstart(
         seed=seed,
         log=RunLog(run_dir / "sft", console=console),
     )
-    accuracy_after_sft, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=sft_steps)
+    accuracy_after_sft, _, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=sft_steps)
     sft_dir = worker.save_pretrained(run_dir / "sft" / "final")
     tokenizer.save_pretrained(sft_dir)
     del worker

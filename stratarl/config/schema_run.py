@@ -191,6 +191,19 @@ class SFTConfig:
         "longest example in tokens (prompt + response + EOS); a longer one is refused, naming its row",
         verl="data.max_length",
     )
+    test_freq: int = setting(
+        0,
+        "held-out accuracy on data.val_files (and its generations) every this many steps, besides before "
+        "and after training; 0: before and after only",
+    )
+    stop_on_plateau: int = setting(
+        0,
+        "stop once this many held-out evaluations in a row (every sft.test_freq steps) beat the best "
+        "accuracy so far by less than sft.plateau_delta; the planned steps are then a cap; 0: never",
+    )
+    plateau_delta: float = setting(
+        0.01, "the absolute gain in held-out accuracy that counts as progress for sft.stop_on_plateau"
+    )
 
 
 @dataclass

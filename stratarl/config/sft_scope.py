@@ -26,6 +26,7 @@ def _keys(section: str, names: str) -> set[str]:
 SFT_READS = frozenset().union(
     _keys("sft", "total_epochs total_steps lr weight_decay warmup_steps lr_schedule min_lr_ratio grad_clip"),
     _keys("sft", "trajectories_per_step trajectories_per_micro_batch max_tokens"),
+    _keys("sft", "test_freq stop_on_plateau plateau_delta"),
     _keys("model", "path tokenizer_path dtype trust_remote_code gradient_checkpointing"),
     _keys("actor.fsdp", "param_dtype offload_params optimizer_offload reshard_after_forward"),
     _keys("data", "train_files val_files prompt_key data_source_key max_prompt_tokens filter_overlong"),

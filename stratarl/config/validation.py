@@ -90,6 +90,9 @@ RANGES: dict[str, Rule] = {
     "sft.trajectories_per_step": POSITIVE,
     "sft.trajectories_per_micro_batch": POSITIVE,
     "sft.max_tokens": POSITIVE,
+    "sft.test_freq": NON_NEGATIVE,
+    "sft.stop_on_plateau": NON_NEGATIVE,
+    "sft.plateau_delta": NON_NEGATIVE,
 }
 
 
@@ -242,6 +245,12 @@ def _combination_problems(cfg: RunConfig) -> list[ConfigProblem]:
             and not re.fullmatch(r"global_step_\d+", Path(cfg.trainer.resume_from_path).name),
             ("trainer.resume_from_path",),
             f"must name a global_step_N checkpoint directory, got {cfg.trainer.resume_from_path!r}",
+        ),
+        (
+            sft.stop_on_plateau > 0 and (sft.test_freq <= 0 or not cfg.data.val_files),
+            ("sft.stop_on_plateau", "sft.test_freq", "data.val_files"),
+            "sft.stop_on_plateau stops on held-out accuracy: it needs sft.test_freq > 0 and data.val_files "
+            f"(got sft.test_freq={sft.test_freq}, {len(cfg.data.val_files)} validation files)",
         ),
         (
             sft.trajectories_per_micro_batch > 0

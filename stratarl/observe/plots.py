@@ -4,7 +4,8 @@
 `curves.png`). `plot_run` writes one picture per question a debugging user asks, under
 <run_dir>/plots: reward and accuracy, KL, entropy, response length and clipping, the phase time
 breakdown of each step, and staleness with the rollout/training log-prob mismatch. The end of every
-run writes them; `stratarl plot RUN` writes them for any run, finished or live.
+run writes them; `stratarl plot RUN` writes them for any run, finished or live. An SFT run gets
+`plot_sft` (its loss and held-out accuracy) instead.
 """
 
 from __future__ import annotations
@@ -164,6 +165,21 @@ PLOTS = {
 }
 
 
+def plot_sft(records: Records, out_path: str | Path) -> Path:
+    """An SFT run (`stratarl sft`): the NLL per step, and held-out accuracy at each evaluation (step 0
+    is the model before training)."""
+    fig, (loss, val) = plt.subplots(1, 2, figsize=(11, 4))
+    _curves(loss, records, ["sft/loss"], phase="sft")
+    loss.set_title("SFT loss (token-mean NLL of the reference answer)")
+    _curves(val, records, _keys(records, "val-core/", phase="val"), phase="val", marker="o")
+    val.set_title("held-out accuracy")
+    return _finish(fig, (loss, val), Path(out_path), "supervised fine-tuning")
+
+
+def is_sft_run(records: Records) -> bool:
+    return any(r.get("phase") == "sft" for r in records)
+
+
 def plot_run(records: Records, out_dir: str | Path) -> list[Path]:
     """Every picture of `PLOTS` into `out_dir`; returns their paths."""
     out_dir = Path(out_dir)
@@ -180,4 +196,6 @@ def plot_run_dir(run: str | Path, out_dir: str | Path | None = None) -> list[Pat
     records = read_metrics_tolerant(run_dir / "metrics.jsonl")
     out = Path(out_dir) if out_dir else run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
+    if is_sft_run(records):
+        return [plot_sft(records, out / "curves.png"), plot_sft(records, out / "sft.png")]
     return [plot_learning_curves(records, out / "curves.png"), *plot_run(records, out)]

@@ -13,6 +13,10 @@ from stratarl.cluster.handles import CriticHandle, PolicyHandle
 from stratarl.observe.plots import plot_learning_curves, plot_run
 from stratarl.observe.run_log import RunLog, write_atomically
 
+# Written by `stratarl sft` beside the weights of final/: its summary (held-out accuracy before and
+# after, steps), read when `stratarl train` starts from that model.
+SFT_RESULT = "sft_result.json"
+
 # Last-step metrics worth a line of their own; controller bytes are averaged over the run's steps.
 LAST_STEP_METRICS = ("critic/score/mean", "actor/entropy")
 TRAFFIC_METRICS = ("controller/sent_bytes", "controller/received_bytes")
@@ -103,3 +107,13 @@ def failure_summary(records: list[dict[str, Any]], prefix: str) -> str:
             if key.startswith(prefix) and "/" not in reason and reason != "total" and value:
                 totals[reason] = totals.get(reason, 0.0) + value
     return ", ".join(f"{reason}: {int(count)}" for reason, count in sorted(totals.items())) or "none"
+
+
+def read_sft_result(model_dir: str | Path) -> dict[str, Any] | None:
+    """The SFT summary a model directory carries (`SFT_RESULT`), None when it has none or it is unreadable."""
+    path = Path(model_dir) / SFT_RESULT
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) else None

@@ -42,6 +42,7 @@ from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.batch_sources import BatchSource
 from stratarl.trainer.correction import build_correction
 from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested
+from stratarl.trainer.sft import sft_warm_start_warning
 from stratarl.trainer.step import RewardKL, RLStep, SingleTurn
 from stratarl.trainer.step_settings import StepSettings
 from stratarl.trainer.tracing import StepTracer
@@ -53,6 +54,8 @@ class RLTrainer:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None):
         warnings = validate_config(cfg)
+        if (warm_start := sft_warm_start_warning(cfg)) is not None:
+            warnings.append(warm_start)
         datasets.seed_everything(cfg.trainer.seed)
         self.cfg = cfg
         lock = RunLock(run_dir).acquire()  # a second writer is refused before anything loads

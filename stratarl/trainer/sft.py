@@ -9,10 +9,11 @@ of the response tokens only:  L = −Σ_t m_t log π(y_t | x, y_<t) / Σ_t m_t.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 from rich.console import Console
 
 from stratarl.algo.aggregation import aggregate_loss
+from stratarl.algo.groups import share_of_groups_with_signal
 from stratarl.assembly import datasets, preflight, roles
 from stratarl.cluster.handles import PolicyHandle, UpdateRequest
 from stratarl.cluster.specs import ActorSpec, BatchingSpec, OptimizerSettings, PolicySpec
@@ -28,12 +30,14 @@ from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.loggers import make_sinks
+from stratarl.observe.plots import plot_sft
 from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog, write_atomically
 from stratarl.run_directory.claim import RunClaim, claim_run_directory
 from stratarl.run_directory.lock import RunLock
+from stratarl.run_directory.run_summary import SFT_RESULT, read_sft_result
 from stratarl.trainer.interruption import RunInterrupted, StopRequest, StopRequested, stopped_line
-from stratarl.trainer.validation import evaluate_accuracy
+from stratarl.trainer.validation import evaluate_accuracy, record_validation
 from stratarl.transport.batch_edge import lay_out_batch_edge
 from stratarl.transport.data_proto import DataProto
 
@@ -124,11 +128,13 @@ def run_sft(
     make_batch: Callable[[PromptDataset, list[int], Any], DataProto] | None = None,
     max_tokens: int | None = None,
     stop: StopRequest | None = None,
+    after_step: Callable[[int], bool] | None = None,
 ) -> dict[str, float]:
     """`total_steps` optimizer steps of SFT; the rollout engine is synced at the end. `make_batch`
     lays out the examples (default `sft_batch`; multi-turn: `agent_sft.agent_sft_batch`). An example
     longer than `max_tokens` (sft.max_tokens) stops the run, naming it, before that step trains.
-    `stop`: once Ctrl-C asked, StopRequested between two steps (after the last, the run completes)."""
+    `stop`: once Ctrl-C asked, StopRequested between two steps (after the last, the run completes).
+    `after_step(step)`: called after each step but the last; True ends the run there (a plateau)."""
     sampler = PromptSampler(len(dataset), batch_size=examples_per_step, seed=seed)
     metrics: dict[str, float] = {}
     with StepProgress(log.console, total=total_steps, label="sft") as progress:
@@ -146,8 +152,31 @@ def run_sft(
                     f"[bold]sft step {step}/{total_steps}[/bold]  loss={metrics['sft/loss']:.4f}"
                 )
             progress.advance(step)
+            if step < total_steps and after_step is not None and after_step(step):
+                log.console.print(f"[bold]sft stopped after step {step} of {total_steps}[/bold]")
+                break
     worker.sync_weights()
     return metrics
+
+
+@dataclass
+class Plateau:
+    """sft.stop_on_plateau: stop once `patience` held-out evaluations in a row fail to beat the best
+    accuracy so far by `delta` (absolute). A gain smaller than `delta` neither counts as progress
+    nor raises the best: a slow creep of 0.5 % per evaluation stops the run at delta 1 %."""
+
+    patience: int
+    delta: float
+    best: float = -math.inf
+    misses: int = 0
+
+    def update(self, accuracy: float) -> bool:
+        """Record one evaluation; True when the run should stop."""
+        if accuracy >= self.best + self.delta:
+            self.best, self.misses = accuracy, 0
+        else:
+            self.misses += 1
+        return self.patience > 0 and self.misses >= self.patience
 
 
 def _check_example_lengths(
@@ -201,6 +230,31 @@ def sft_from_config(
             raise RunInterrupted(_stopped_line(stopped.step, steps)) from None
 
 
+# `stratarl train` warns when the SFT run its model comes from leaves fewer groups than this with
+# any reward difference (`share_of_groups_with_signal` at the held-out accuracy and rollout.n).
+# Greedy held-out accuracy overstates what τ = 1 samples get right, so the line is generous.
+LOW_SIGNAL_SHARE = 0.5
+
+
+def sft_warm_start_warning(cfg: RunConfig) -> str | None:
+    """A warning when model.path is the output of `stratarl sft` whose held-out accuracy is too low for
+    GRPO to find signal; None otherwise (another model, or accuracy enough)."""
+    result = read_sft_result(cfg.model.path)
+    accuracy = (result or {}).get("accuracy_after")
+    if not isinstance(accuracy, int | float) or math.isnan(accuracy):
+        return None
+    n = cfg.rollout.n
+    share = share_of_groups_with_signal(accuracy, n)
+    if share >= LOW_SIGNAL_SHARE:
+        return None
+    return (
+        f"model.path comes from an SFT run that scored {accuracy:.1%} held-out accuracy after "
+        f"{result.get('steps')} steps: with rollout.n={n} about {share:.0%} of groups would have any "
+        f"reward difference (1 − pⁿ − (1 − p)ⁿ), too few for GRPO to learn from; train SFT longer "
+        "(sft.total_steps, or sft.test_freq with sft.stop_on_plateau) or raise rollout.n"
+    )
+
+
 def sft_steps(cfg: RunConfig, num_examples: int) -> int:
     """sft.total_steps, else sft.total_epochs passes over the examples."""
     s = cfg.sft
@@ -221,37 +275,61 @@ def _sft_run(
     cfg: RunConfig, claim: RunClaim, log: RunLog, tokenizer: Any, train_set: PromptDataset,
     val_set: PromptDataset | None, steps: int, stop: StopRequest | None,
 ) -> dict[str, Any]:  # fmt: skip
-    run_dir, start = claim.run_dir, time.perf_counter()
+    run_dir, start, s = claim.run_dir, time.perf_counter(), cfg.sft
     worker = sft_worker(cfg, tokenizer, steps)
+    accuracies: dict[int, float] = {}  # step -> held-out accuracy
 
     def accuracy(step: int) -> float:
+        """Held-out accuracy at `step`: its metrics into metrics.jsonl, its generations into
+        val_generations/step_<k>.jsonl, its core metrics on the console."""
         if val_set is None:
             return float("nan")
+        value, metrics, records = evaluate_accuracy(worker, cfg, tokenizer, val_set, step)
         # An untrained model never emits EOS: warn about cut responses after training only.
-        value, metrics = evaluate_accuracy(
-            worker, cfg, tokenizer, val_set, step, console=log.console if step else None
-        )
-        log.log_metrics(step, metrics, phase="val")
+        record_validation(log, step, metrics, records, cfg.rollout.max_response_tokens, warn=step > 0)
+        accuracies[step] = value
         return value
 
+    plateau = Plateau(s.stop_on_plateau, s.plateau_delta)
+    stopped_at: list[int] = []  # the step of a plateau stop
+
+    def after_step(step: int) -> bool:
+        if not (s.test_freq and step % s.test_freq == 0):
+            return False
+        if plateau.update(accuracy(step)):
+            stopped_at.append(step)
+        return bool(stopped_at)
+
     before = accuracy(0)
+    plateau.update(before)
     run_sft(
-        worker, train_set, tokenizer, examples_per_step=cfg.sft.trajectories_per_step, total_steps=steps,
-        seed=cfg.trainer.seed, log=log, max_tokens=cfg.sft.max_tokens, stop=stop,
+        worker, train_set, tokenizer, examples_per_step=s.trajectories_per_step, total_steps=steps,
+        seed=cfg.trainer.seed, log=log, max_tokens=s.max_tokens, stop=stop, after_step=after_step,
     )  # fmt: skip
-    after = accuracy(steps)
+    stopped_early = bool(stopped_at)
+    done = stopped_at[0] if stopped_early else steps
+    after = accuracies[done] if done in accuracies else accuracy(done)
     final = (run_dir / "final").absolute()
     worker.save_pretrained(final)
     tokenizer.save_pretrained(final)
-    claim.record_finish(steps)
+    claim.record_finish(done)
     summary = {
         "accuracy_before": before,
         "accuracy_after": after,
-        "steps": steps,
+        "steps": done,
+        "planned_steps": steps,
+        "stopped_on_plateau": stopped_early,
+        "accuracy_by_step": {str(k): v for k, v in sorted(accuracies.items())},
+        "validation_samples": len(val_set) * cfg.rollout.val_kwargs.n if val_set is not None else 0,
         "wall_time_s": round(time.perf_counter() - start, 1),
         "run_dir": str(run_dir.absolute()),
         "weights": str(final),
     }
     write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    log.print_table("sft summary", summary)
+    # beside the weights, so that `stratarl train` on this model knows how it was warm-started
+    write_atomically(final / SFT_RESULT, json.dumps(summary, indent=2) + "\n")
+    plot_sft(log.history, run_dir / "curves.png")
+    (run_dir / "plots").mkdir(exist_ok=True)
+    plot_sft(log.history, run_dir / "plots" / "sft.png")
+    log.print_table("sft summary", {k: v for k, v in summary.items() if k != "accuracy_by_step"})
     return summary

@@ -144,7 +144,13 @@ class ValidationTally:
 
 
 def record_validation(
-    log: RunLog, step: int, metrics: dict[str, float], records: list[dict[str, Any]], max_response_tokens: int
+    log: RunLog,
+    step: int,
+    metrics: dict[str, float],
+    records: list[dict[str, Any]],
+    max_response_tokens: int,
+    *,
+    warn: bool = True,
 ) -> None:
     """A validation's metrics into metrics.jsonl, its generations into val_generations/step_<k>.jsonl,
     its core metrics (and a warning when responses were cut at the length limit) on the console."""
@@ -154,7 +160,7 @@ def record_validation(
     core = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
     log.console.print(f"[bold cyan]validation @ step {step}[/bold cyan] {core}")
     warning = clipping_warning(metrics, max_response_tokens)
-    if warning:
+    if warning and warn:
         log.console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
 
 
@@ -166,11 +172,11 @@ def evaluate_accuracy(
     step: int,
     *,
     console: Console | None = None,
-) -> tuple[float, dict[str, float]]:
-    """(mean accuracy over data sources, all validation metrics) with the run's validation sampling;
-    a `console` gets the clipping warning."""
+) -> tuple[float, dict[str, float], list[dict[str, Any]]]:
+    """(mean accuracy over data sources, all validation metrics, one record per generation) with
+    the run's validation sampling; a `console` gets the clipping warning."""
     n = cfg.rollout.val_kwargs.n
-    metrics, _ = run_validation(
+    metrics, records = run_validation(
         worker,
         dataset,
         tokenizer=tokenizer,
@@ -183,7 +189,7 @@ def evaluate_accuracy(
     warning = clipping_warning(metrics, cfg.rollout.max_response_tokens)
     if warning and console is not None:
         console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
-    return overall_accuracy(metrics, n), metrics
+    return overall_accuracy(metrics, n), metrics, records
 
 
 def flatten_validation_metrics(nested: dict[str, dict[str, dict[str, float]]], n: int) -> dict[str, float]:

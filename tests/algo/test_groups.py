@@ -85,3 +85,16 @@ def test_check_group_rejects_bad_shapes_and_dtypes():
         check_group(torch.tensor([0.0, 1.0, 1.0]), 3)
     with pytest.raises(ValueError, match="≥ 0"):
         check_group(torch.tensor([0, -1, 1]), 3)
+
+
+def test_the_share_of_groups_with_signal_is_one_minus_all_right_minus_all_wrong():
+    from stratarl.algo.groups import share_of_groups_with_signal
+
+    assert share_of_groups_with_signal(0.0, 8) == 0.0 and share_of_groups_with_signal(1.0, 8) == 0.0
+    assert share_of_groups_with_signal(0.5, 2) == pytest.approx(0.5)
+    assert share_of_groups_with_signal(0.04, 8) == pytest.approx(1 - 0.04**8 - 0.96**8)
+    # a Monte Carlo check of the formula: 20,000 groups of 8 Bernoulli(0.1) samples
+    rng = torch.Generator().manual_seed(0)
+    groups = torch.rand(20_000, 8, generator=rng) < 0.1
+    varied = (groups.any(1) & ~groups.all(1)).float().mean().item()
+    assert varied == pytest.approx(share_of_groups_with_signal(0.1, 8), abs=0.01)

@@ -144,3 +144,84 @@ def test_sft_leaves_out_the_warnings_about_rl_settings_it_does_not_read(task, tm
     assert any("trainer.test_freq" in w for w in rl_warnings)
     assert "warning" not in sft_output(task, monkeypatch, capsys, recipe, val)
     assert "warning" not in sft_output(task, monkeypatch, capsys, RECIPE, val, "sft.lr=1e-3")
+
+
+def test_sft_records_what_train_records_and_stops_on_a_plateau(task, tmp_path, capsys):
+    """Held-out generations every sft.test_freq steps, the curves, and the result beside the weights.
+    plateau_delta=1 (a gain of 100 % accuracy) can never be met: the first evaluation after step 0
+    is the first miss, and patience 1 stops there, at step 2 of the planned 6."""
+    import json
+
+    from stratarl.cli import main
+
+    run_dir = tmp_path / "sft"
+    overrides = [
+        f"data.train_files=['{task['train']}']",
+        f"data.val_files=['{task['test']}']",
+        "data.max_val_prompts=8",
+        f"model.path={task['model']}",
+        f"trainer.run_dir={run_dir}",
+        "sft.total_steps=6",
+        "sft.test_freq=2",
+        "sft.stop_on_plateau=1",
+        "sft.plateau_delta=1.0",
+        "sft.trajectories_per_step=8",
+        "sft.trajectories_per_micro_batch=8",
+    ]
+    assert main(["sft", str(RECIPE), *overrides]) == 0
+    assert "sft stopped after step 2 of 6" in capsys.readouterr().out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["planned_steps"] == 6 and summary["stopped_on_plateau"]
+    assert sorted(summary["accuracy_by_step"]) == ["0", "2"]
+    assert summary["accuracy_after"] == summary["accuracy_by_step"]["2"]
+    for step in (0, 2):
+        rows = [json.loads(line) for line in (run_dir / "val_generations" / f"step_{step}.jsonl").open()]
+        assert len(rows) == 8 and {"prompt", "response", "ground_truth", "acc"} <= set(rows[0])
+    assert (run_dir / "curves.png").stat().st_size > 0 and (run_dir / "plots" / "sft.png").stat().st_size > 0
+    carried = json.loads((run_dir / "final" / "sft_result.json").read_text())
+    assert carried["accuracy_after"] == summary["accuracy_after"] and carried["steps"] == 2
+    steps = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if r["phase"] == "sft"]
+    assert steps == [1, 2]
+
+
+def test_the_plateau_counts_evaluations_that_gain_less_than_delta():
+    from stratarl.trainer.sft import Plateau
+
+    plateau = Plateau(patience=2, delta=0.01)
+    assert [plateau.update(a) for a in (0.10, 0.30, 0.305, 0.31, 0.35, 0.35, 0.355)] == [
+        False,  # the first sets the best
+        False,  # +0.20
+        False,  # +0.005: a miss, and the best stays 0.30
+        False,  # +0.010 over 0.30: progress
+        False,  # +0.04
+        False,  # a miss
+        True,  # a second miss in a row
+    ]
+    assert Plateau(patience=0, delta=0.01).update(0.0) is False  # 0: never stops
+
+
+def test_train_warns_when_the_sft_model_it_starts_from_scored_too_low_for_group_signal(tmp_path):
+    import json
+
+    from stratarl.trainer.sft import sft_warm_start_warning
+
+    model = tmp_path / "final"
+    model.mkdir()
+    cfg = load_config(RECIPE, [f"model.path={model}", "rollout.n=8"])
+    assert sft_warm_start_warning(cfg) is None  # no SFT result: another model
+    (model / "sft_result.json").write_text(json.dumps({"accuracy_after": 0.04, "steps": 300}))
+    warning = sft_warm_start_warning(cfg)
+    assert warning is not None and "4.0% held-out accuracy after 300 steps" in warning
+    assert "rollout.n=8 about 28% of groups" in warning
+    (model / "sft_result.json").write_text(json.dumps({"accuracy_after": 0.57, "steps": 600}))
+    assert sft_warm_start_warning(cfg) is None
+    cfg = load_config(RECIPE, [f"model.path={model}", "rollout.n=2"])  # 1 − .57² − .43² = 0.49
+    assert "rollout.n=2 about 49% of groups" in sft_warm_start_warning(cfg)
+
+
+def test_stop_on_plateau_without_held_out_evaluations_is_refused_naming_the_keys(task):
+    from stratarl.config import ConfigError, validate_config
+
+    cfg = load_config(RECIPE, [f"model.path={task['model']}", "sft.stop_on_plateau=3", "sft.test_freq=0"])
+    with pytest.raises(ConfigError, match=r"sft\.stop_on_plateau stops on held-out accuracy"):
+        validate_config(cfg)
