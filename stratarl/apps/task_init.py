@@ -32,6 +32,46 @@ from stratarl.reward.registry import SCORERS, default_compute_score
 
 RESPONSE_HEADROOM = 1.5  # max_response_tokens = headroom × the longest reference answer (+ EOS)
 SCORED_ANSWERS = 256  # reference answers scored to check the reward
+# A model below this many parameters is taken as trained from scratch (the tiny path: init's own
+# presets reach 50M); a larger one as pretrained (the smallest chat models people fine-tune, e.g.
+# SmolLM2-135M, are larger), whose recipe is the SmolLM2 recipe's scale.
+PRETRAINED_FROM_PARAMETERS = 60_000_000
+
+
+@dataclass(frozen=True)
+class ModelScale:
+    """What the recipe's numbers depend on: the model's size, and whether it starts pretrained."""
+
+    parameters: int
+    pretrained: bool
+
+    @classmethod
+    def of(cls, model_dir: str | Path) -> ModelScale:
+        parameters = count_parameters(model_dir)
+        return cls(parameters, pretrained=parameters >= PRETRAINED_FROM_PARAMETERS)
+
+    def line(self) -> str:
+        kind = (
+            "pretrained: the recipe is sized for fine-tuning it"
+            if self.pretrained
+            else "trained from scratch"
+        )
+        return f"model: {self.parameters / 1e6:.1f}M parameters, {kind}"
+
+
+def count_parameters(model_dir: str | Path) -> int:
+    """The parameters of an HF model directory, from its safetensors headers (no weight is read)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir}: no *.safetensors weights to size the recipe from")
+    total = 0
+    for path in files:
+        with safe_open(str(path), framework="np") as weights:
+            for name in weights.keys():  # noqa: SIM118 (safe_open has keys(), no __iter__)
+                total += math.prod(weights.get_slice(name).get_shape())
+    return total
 
 
 @dataclass
@@ -44,9 +84,11 @@ class TaskProfile:
     answer_tokens: dict[str, int] = field(default_factory=dict)  # the same for extra_info.answer + EOS
     answer_score: float | None = None  # mean reward of the reference answers
     answer_rows: int = 0
+    model: str = ""  # the model's scale (ModelScale.line) when it is the user's
 
     def lines(self) -> list[str]:
-        out = [
+        out = [self.model] if self.model else []
+        out += [
             f"rows: {self.rows}; data sources: {self.data_sources}",
             f"prompt tokens (chat template included): {self.prompt_tokens}",
         ]
@@ -111,10 +153,19 @@ def starter_recipe(
     reward_file: str,
     reward_function: str,
     experiment_name: str,
+    scale: ModelScale | None = None,
 ) -> dict[str, Any]:
     """The settings written to recipe.yaml: this task's data, model, reward and lengths, and SFT and
-    GRPO settings measured on tiny models (docs/own_task.md); the rest keep their defaults."""
+    GRPO settings measured on tiny models (docs/own_task.md) or, for a pretrained `scale`, on
+    SmolLM2-135M-Instruct (`pretrained_recipe`); the rest keep their defaults. SFT runs until
+    held-out accuracy stops rising (sft.stop_on_plateau), sft.total_steps being the cap."""
     prompt_tokens = _round_up(profile.prompt_tokens["max"])
+    if scale is not None and scale.pretrained:
+        return pretrained_recipe(
+            profile, scale, prompt_tokens, train_files=train_files, val_files=val_files,
+            model_dir=model_dir, reward_file=reward_file, reward_function=reward_function,
+            experiment_name=experiment_name,
+        )  # fmt: skip
     response_tokens = _round_up(RESPONSE_HEADROOM * profile.answer_tokens.get("max", 32))
     recipe: dict[str, Any] = {
         "data": {
@@ -137,12 +188,72 @@ def starter_recipe(
             "lr": 1.0e-3,
             "lr_schedule": "constant",
             "warmup_steps": 10,
-            "total_steps": 300,
+            # a cap: a 1M model needed 300 steps on sorting and 600 on a 200-word text task
+            # (docs/own_task.md); held-out accuracy every 100 steps ends it once 3 gain < 1 %
+            "total_steps": 1500,
+            "test_freq": 100 if val_files else 0,
+            "stop_on_plateau": 3 if val_files else 0,
             "trajectories_per_step": 64,
             "trajectories_per_micro_batch": 64,
             "max_tokens": prompt_tokens + response_tokens,
         },
     }
+    return _with_reward(recipe, reward_file, reward_function)
+
+
+def pretrained_recipe(
+    profile: TaskProfile,
+    scale: ModelScale,
+    prompt_tokens: int,
+    *,
+    train_files: list[str],
+    val_files: list[str],
+    model_dir: Path,
+    reward_file: str,
+    reward_function: str,
+    experiment_name: str,
+) -> dict[str, Any]:
+    """recipes/grpo_smollm2_arithmetic.yaml's numbers (measured on SmolLM2-135M-Instruct, 2 CPU cores:
+    docs/benchmarks.md) for a pretrained model: learning rates of fine-tuning, not of training from
+    scratch (1e-5 below 1B parameters; 1e-6 above, verl's examples' rate for 0.5–7B models), 16
+    prompts × 8 samples a step, sampling at τ = 0.6, and room for a chat model's words around the
+    answer (at least 32 tokens, twice the longest reference answer)."""
+    lr = 1.0e-5 if scale.parameters < 1_000_000_000 else 1.0e-6
+    response_tokens = max(32, _round_up(2 * profile.answer_tokens.get("max", 16)))
+    recipe: dict[str, Any] = {
+        "data": {
+            "train_files": train_files,
+            "val_files": val_files,
+            "max_prompt_tokens": prompt_tokens,
+            "prompts_per_step": 16,
+        },
+        "model": {"path": str(model_dir)},
+        "rollout": {"n": 8, "temperature": 0.6, "max_response_tokens": response_tokens},
+        "actor": {
+            "lr": lr,
+            "warmup_steps": 0,
+            "prompts_per_mini_batch": 16,
+            "trajectories_per_micro_batch": 32,
+            "loss_agg_mode": "token-mean",
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "trainer": {"experiment_name": experiment_name, "total_steps": 30, "test_freq": 5},
+        "sft": {
+            "lr": lr,
+            "lr_schedule": "constant",
+            "warmup_steps": 0,
+            "total_steps": 200,  # a cap; held-out accuracy every 25 steps ends it on a plateau
+            "test_freq": 25 if val_files else 0,
+            "stop_on_plateau": 3 if val_files else 0,
+            "trajectories_per_step": 16,
+            "trajectories_per_micro_batch": 16,
+            "max_tokens": prompt_tokens + response_tokens,
+        },
+    }
+    return _with_reward(recipe, reward_file, reward_function)
+
+
+def _with_reward(recipe: dict[str, Any], reward_file: str, reward_function: str) -> dict[str, Any]:
     if reward_file:
         recipe["reward"] = {"custom_function_path": reward_file, "custom_function_name": reward_function}
     return recipe
@@ -184,6 +295,8 @@ def init_task(
     if not reward_file:
         _check_registered(train_files, val_files, tokenizer)
     profile = profile_task(train_files, tokenizer, compute_score)
+    scale = ModelScale.of(model_dir) if model_path else None
+    profile.model = scale.line() if scale else ""
     recipe = starter_recipe(
         profile,
         train_files=train_files,
@@ -192,6 +305,7 @@ def init_task(
         reward_file=reward_file,
         reward_function=reward_function,
         experiment_name=out.name,
+        scale=scale,
     )
     # The position table holds prompt + response (at least the factory's 512).
     positions = max(

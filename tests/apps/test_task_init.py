@@ -130,3 +130,55 @@ def test_init_with_a_model_of_your_own_measures_with_its_tokenizer(sort_data, tm
     assert f"for {mine}" in capsys.readouterr().out
     assert not (tmp_path / "second" / "model").exists()
     assert load_config(tmp_path / "second" / "recipe.yaml").model.path == str(mine)
+
+
+def test_init_counts_a_models_parameters_from_its_weight_headers(sort_data, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from stratarl.apps.task_init import ModelScale, count_parameters
+
+    train, reward = str(sort_data / "train.parquet"), str(EXAMPLE / "reward.py")
+    assert main(["init", train, "--reward", reward, "--out", str(tmp_path / "t")]) == 0
+    model_dir = tmp_path / "t" / "model"
+    assert count_parameters(model_dir) == AutoModelForCausalLM.from_pretrained(model_dir).num_parameters()
+    assert not ModelScale.of(model_dir).pretrained  # init's own 1M model: the tiny path's numbers
+
+
+@pytest.mark.parametrize(("parameters", "lr"), [(135_000_000, 1.0e-5), (7_000_000_000, 1.0e-6)])
+def test_a_pretrained_models_recipe_has_fine_tuning_rates_not_the_tiny_models(sort_data, parameters, lr):
+    """Was: `init --model PATH` wrote actor.lr 3e-4 and sft.lr 1e-3 (a random-init 1M model's) for any
+    model, and 1.5 × the answer's tokens of response room (16 here), too few for a chat model."""
+    from stratarl.apps.task_init import ModelScale, TaskProfile, starter_recipe
+
+    profile = TaskProfile(rows=300, data_sources={"sort_numbers": 300}, prompt_tokens={"max": 50},
+                          answer_tokens={"max": 10})  # fmt: skip
+    files = {
+        "train_files": [str(sort_data / "train.parquet")],
+        "val_files": [str(sort_data / "test.parquet")],
+    }
+    common = dict(
+        files, model_dir=Path("m"), reward_file="", reward_function="compute_score", experiment_name="x"
+    )
+    tiny = starter_recipe(profile, **common)
+    tuned = starter_recipe(profile, **common, scale=ModelScale(parameters, pretrained=True))
+    assert (tiny["actor"]["lr"], tiny["sft"]["lr"]) == (3.0e-4, 1.0e-3)
+    assert (tuned["actor"]["lr"], tuned["sft"]["lr"]) == (lr, lr)
+    assert tiny["rollout"]["max_response_tokens"] == 16 and tuned["rollout"]["max_response_tokens"] == 32
+    assert tuned["rollout"]["temperature"] == 0.6 and tuned["data"]["prompts_per_step"] == 16
+    for recipe in (tiny, tuned):  # SFT runs until held-out accuracy stops rising, total_steps a cap
+        assert recipe["sft"]["test_freq"] > 0 and recipe["sft"]["stop_on_plateau"] == 3
+
+
+@pytest.mark.real_model
+def test_init_with_smollm2_writes_the_smollm2_recipes_scale(sort_data, tmp_path, capsys):
+    from tests.data.real_model import real_model_dir
+
+    train, reward = str(sort_data / "train.parquet"), str(EXAMPLE / "reward.py")
+    out = tmp_path / "smol"
+    assert main(["init", train, "--val", str(sort_data / "test.parquet"), "--reward", reward,
+                 "--model", str(real_model_dir()), "--out", str(out)]) == 0  # fmt: skip
+    assert re.search(r"model: 134\.\dM parameters, pretrained", capsys.readouterr().out)
+    cfg = load_config(out / "recipe.yaml")
+    validate_config(cfg)
+    assert (cfg.actor.lr, cfg.sft.lr, cfg.rollout.temperature) == (1.0e-5, 1.0e-5, 0.6)
+    assert cfg.rollout.max_response_tokens >= 32
