@@ -29,7 +29,7 @@ from stratarl.cluster.rollout_sync import ColocatedSync, RolloutSync
 from stratarl.cluster.specs import PolicySpec
 from stratarl.engine.actor import LossFn
 from stratarl.engine.checkpoint import LoadedCheckpoint
-from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
+from stratarl.engine.requests import LOG_PROBS_ONLY, CheckpointRequest, ScoreRequest, UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.router import RolloutRouter
 from stratarl.rollout.weight_sync import WeightLoadReport, WeightSyncError
@@ -171,27 +171,9 @@ class PolicyWorkerGroup:
         """The actor as an HF directory (LoRA merged)."""
         return self.ranks.call_all("save", PolicyWorker.save_pretrained, out_dir)[0]
 
-    def save_checkpoint(
-        self,
-        root: str | Path,
-        step: int,
-        *,
-        tokenizer: Any = None,
-        trainer_state: dict[str, Any] | None = None,
-        max_to_keep: int | None = None,
-        staged_roles: tuple[str, ...] | list[str] = (),
-    ) -> Path:
+    def save_checkpoint(self, root: str | Path, request: CheckpointRequest) -> Path:
         """root/global_step_{step}, atomically (`PolicyWorker.save_checkpoint`)."""
-        return self.ranks.call_all(
-            "save",
-            PolicyWorker.save_checkpoint,
-            root,
-            step,
-            tokenizer=tokenizer,
-            trainer_state=trainer_state,
-            max_to_keep=max_to_keep,
-            staged_roles=staged_roles,
-        )[0]
+        return self.ranks.call_all("save", PolicyWorker.save_checkpoint, root, request)[0]
 
     def load_checkpoint(self, root: str | Path, *, step: int | None = None) -> LoadedCheckpoint | None:
         """Every rank restores its shards and RNG state; rank 0's result is returned."""

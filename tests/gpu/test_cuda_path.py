@@ -20,7 +20,7 @@ from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.offload import optimizer_state_devices
 from stratarl.engine.optim import ADAMW_IMPLS
 from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
-from stratarl.engine.requests import UpdateRequest
+from stratarl.engine.requests import CheckpointRequest, UpdateRequest
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer import builders
 from stratarl.trainer.actor_loss import ActorLoss
@@ -151,7 +151,7 @@ def test_a_checkpoint_saved_on_cuda_loads_on_the_cpu_equal(task, tmp_path):
     batch = sampled_batch(worker, task, tokenizer)
     batch = batch.union(worker.compute_log_prob(batch))
     worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))  # optimizer state on cuda
-    worker.save_checkpoint(tmp_path / "ckpt", step=1)
+    worker.save_checkpoint(tmp_path / "ckpt", CheckpointRequest(step=1))
     cpu_spec = dataclasses.replace(worker.spec, model=dataclasses.replace(worker.spec.model, device="cpu"))
     on_cpu = PolicyWorker(cpu_spec)
     assert on_cpu.load_checkpoint(tmp_path / "ckpt") is not None
