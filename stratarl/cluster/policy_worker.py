@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -268,10 +267,10 @@ class PolicyWorker:
 
 
 def build_actor(model, spec: PolicySpec, dp: DataParallel) -> Actor:
-    a, o = spec.actor, spec.actor.optimizer
+    a = spec.actor
     return Actor(
         model,
-        **dataclasses.asdict(o),  # lr, AdamW, schedule, clip: OptimizerSettings
+        optim=a.optimizer,
         micro_batch_size=a.batching.micro_batch_size,
         max_tokens_per_micro_batch=a.batching.max_tokens_per_micro_batch,
         layout=a.batching.layout,

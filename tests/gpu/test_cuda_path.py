@@ -14,7 +14,7 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.engine.actor import Actor
+from stratarl.engine.actor import Actor, OptimizerSettings
 from stratarl.engine.checkpoint import CheckpointManager
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.offload import optimizer_state_devices
@@ -89,7 +89,9 @@ def one_nccl_rank():
 @pytest.mark.parametrize("offload_params", [False, True])
 def test_fsdp2_computes_in_bf16_over_fp32_shards_and_trains(one_nccl_rank, offload_params):
     dp = DataParallel.over_world(param_dtype="bfloat16", offload_params=offload_params)
-    actor = Actor(tiny_model(layers=2).cuda(), lr=1e-2, micro_batch_size=4, data_parallel=dp)
+    actor = Actor(
+        tiny_model(layers=2).cuda(), optim=OptimizerSettings(lr=1e-2), micro_batch_size=4, data_parallel=dp
+    )
     assert actor.device.type == "cuda"  # batches go to the GPU even when the shards live in CPU memory
     shard_devices = {p.to_local().device.type for p in actor.module.parameters()}
     assert shard_devices == ({"cpu"} if offload_params else {"cuda"})
@@ -131,7 +133,10 @@ def test_the_hand_off_frees_device_memory(task):
 def test_the_optimizer_hand_off_trains_as_without_it_for_each_adamw_kernel(adamw_impl):
     batch = ragged_batch(n=4)
     plain, handed = (
-        Actor(tiny_model().cuda(), lr=1e-2, micro_batch_size=2, adamw_impl=adamw_impl) for _ in range(2)
+        Actor(
+            tiny_model().cuda(), optim=OptimizerSettings(lr=1e-2, adamw_impl=adamw_impl), micro_batch_size=2
+        )
+        for _ in range(2)
     )
     for actor in (plain, handed):
         actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
