@@ -25,7 +25,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from stratarl.data.tiny_models import MODEL_PRESETS
-from stratarl.engine.actor import Actor
+from stratarl.engine.actor import Actor, OptimizerSettings
 from stratarl.engine.micro_batches import model_inputs, plan_micro_batches
 from stratarl.engine.packing import padding_share
 from stratarl.engine.perf import ModelFlops, measured_matmul_peak
@@ -113,7 +113,13 @@ def bench_size(size: str, args, peak: float) -> dict:
     flops = ModelFlops.from_config(config)
     scored = int(batch["response_mask"].sum())
     train_flops = flops.train_flops(seq_lens, scored)
-    actor = Actor(model, lr=1e-5, micro_batch_size=4, max_tokens_per_micro_batch=args.budget, peak_flops=peak)
+    actor = Actor(
+        model,
+        optim=OptimizerSettings(lr=1e-5),
+        micro_batch_size=4,
+        max_tokens_per_micro_batch=args.budget,
+        peak_flops=peak,
+    )
     out = {"size": size, "params": sum(p.numel() for p in model.parameters()), "real_tokens": sum(seq_lens)}
     for name, fn in (
         ("before", lambda g: before_pass(model, batch, g)),

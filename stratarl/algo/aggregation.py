@@ -13,6 +13,7 @@ whole batch on one rank. With dp_size=1 and no global count, the count of this b
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -21,7 +22,6 @@ from stratarl.algo.masked import masked_mean, masked_sum
 from stratarl.algo.registry import look_up
 
 Count = int | float | Tensor
-LossAggregation = Callable[..., Tensor]
 
 
 def _divide_by_count(total: Tensor, count: Count) -> Tensor:
@@ -45,80 +45,62 @@ def _sequence_mask(response_mask: Tensor) -> Tensor:
     return (response_mask.sum(dim=-1) > 0).to(response_mask.dtype)
 
 
+@dataclass(frozen=True)
+class AggregationScale:
+    """What every mode may scale by: D ranks, the counts of the global batch, the constant S.
+
+    Each mode reads the fields it needs (token-mean the token count, the seq-mean modes the
+    sequence count, seq-mean-token-sum-norm also S); `aggregate_loss` documents them.
+    """
+
+    dp_size: int = 1
+    global_num_tokens: Count | None = None
+    global_batch_size: Count | None = None
+    loss_scale_factor: float | None = None
+
+
 def token_mean(
     loss: Tensor,  # [N, T]
     mask: Tensor,  # [N, T]
-    *,
-    dp_size: int = 1,
-    global_num_tokens: Count | None = None,
-    global_batch_size: Count | None = None,
-    loss_scale_factor: float | None = None,
+    scale: AggregationScale,
 ) -> Tensor:
     """Σ_it ℓ_it·m_it / T_glob · D, T_glob = valid tokens of the global batch (default: Σ m here).
 
     Every token weighs the same, so a long response weighs more than a short one (DAPO's choice).
     """
-    _require_global(global_num_tokens, dp_size, "global_num_tokens")
-    num_tokens = mask.sum() if global_num_tokens is None else global_num_tokens
-    return _divide_by_count(masked_sum(loss, mask), num_tokens) * dp_size
+    _require_global(scale.global_num_tokens, scale.dp_size, "global_num_tokens")
+    num_tokens = mask.sum() if scale.global_num_tokens is None else scale.global_num_tokens
+    return _divide_by_count(masked_sum(loss, mask), num_tokens) * scale.dp_size
 
 
-def token_sum(
-    loss: Tensor,
-    mask: Tensor,
-    *,
-    dp_size: int = 1,
-    global_num_tokens: Count | None = None,
-    global_batch_size: Count | None = None,
-    loss_scale_factor: float | None = None,
-) -> Tensor:
+def token_sum(loss: Tensor, mask: Tensor, scale: AggregationScale) -> Tensor:
     """Σ_it ℓ_it·m_it · D: the plain sum over the global batch once ranks average (new in 0.9.1)."""
-    return masked_sum(loss, mask) * dp_size
+    return masked_sum(loss, mask) * scale.dp_size
 
 
-def seq_mean_token_sum(
-    loss: Tensor,
-    mask: Tensor,
-    *,
-    dp_size: int = 1,
-    global_num_tokens: Count | None = None,
-    global_batch_size: Count | None = None,
-    loss_scale_factor: float | None = None,
+def _mean_over_sequences(
+    seq_losses: Tensor,  # [N] one loss per response
+    mask: Tensor,  # [N, T]
+    scale: AggregationScale,
 ) -> Tensor:
+    """Σ_i s_i / B · D over rows with a valid token; B = global rows (default: here)."""
+    _require_global(scale.global_batch_size, scale.dp_size, "global_batch_size")
+    seq_mask = _sequence_mask(mask)  # [N]
+    num_seqs = seq_mask.sum() if scale.global_batch_size is None else scale.global_batch_size
+    return _divide_by_count(masked_sum(seq_losses, seq_mask), num_seqs) * scale.dp_size
+
+
+def seq_mean_token_sum(loss: Tensor, mask: Tensor, scale: AggregationScale) -> Tensor:
     """Σ_i (Σ_t ℓ_it·m_it) / B · D over rows with a valid token; B = global rows (default: here)."""
-    _require_global(global_batch_size, dp_size, "global_batch_size")
-    seq_mask = _sequence_mask(mask)  # [N]
-    num_seqs = seq_mask.sum() if global_batch_size is None else global_batch_size
-    seq_losses = masked_sum(loss, mask, dim=-1)  # [N]
-    return _divide_by_count(masked_sum(seq_losses, seq_mask), num_seqs) * dp_size
+    return _mean_over_sequences(masked_sum(loss, mask, dim=-1), mask, scale)
 
 
-def seq_mean_token_mean(
-    loss: Tensor,
-    mask: Tensor,
-    *,
-    dp_size: int = 1,
-    global_num_tokens: Count | None = None,
-    global_batch_size: Count | None = None,
-    loss_scale_factor: float | None = None,
-) -> Tensor:
+def seq_mean_token_mean(loss: Tensor, mask: Tensor, scale: AggregationScale) -> Tensor:
     """Σ_i [Σ_t ℓ_it·m_it / (Σ_t m_it + 1e-8)] / B · D: every response weighs the same (GRPO's choice)."""
-    _require_global(global_batch_size, dp_size, "global_batch_size")
-    seq_mask = _sequence_mask(mask)  # [N]
-    num_seqs = seq_mask.sum() if global_batch_size is None else global_batch_size
-    seq_losses = masked_mean(loss, mask, dim=-1)  # [N]
-    return _divide_by_count(masked_sum(seq_losses, seq_mask), num_seqs) * dp_size
+    return _mean_over_sequences(masked_mean(loss, mask, dim=-1), mask, scale)
 
 
-def seq_mean_token_sum_norm(
-    loss: Tensor,
-    mask: Tensor,
-    *,
-    dp_size: int = 1,
-    global_num_tokens: Count | None = None,
-    global_batch_size: Count | None = None,
-    loss_scale_factor: float | None = None,
-) -> Tensor:
+def seq_mean_token_sum_norm(loss: Tensor, mask: Tensor, scale: AggregationScale) -> Tensor:
     """seq-mean-token-sum / S, S = `loss_scale_factor` or the padded width T of `mask` (Dr. GRPO,
     arXiv:2503.20783: a constant instead of each response's length).
 
@@ -126,10 +108,11 @@ def seq_mean_token_sum_norm(
     new = old · D / B. The default S depends on padding: pass `loss_scale_factor` (e.g. the maximum
     response length) so that padding and the split over ranks change nothing.
     """
-    seq_mean = seq_mean_token_sum(loss, mask, dp_size=dp_size, global_batch_size=global_batch_size)
-    scale = mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-    return seq_mean / scale
+    seq_mean = seq_mean_token_sum(loss, mask, scale)
+    return seq_mean / (mask.shape[-1] if scale.loss_scale_factor is None else scale.loss_scale_factor)
 
+
+LossAggregation = Callable[[Tensor, Tensor, AggregationScale], Tensor]  # (loss, mask, scale)
 
 LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
     "token-mean": token_mean,
@@ -176,11 +159,5 @@ def aggregate_loss(
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
     aggregation = get_loss_aggregation(mode)
     mask = response_mask.to(per_token_loss.dtype)
-    return aggregation(
-        per_token_loss,
-        mask,
-        dp_size=dp_size,
-        global_num_tokens=global_num_tokens,
-        global_batch_size=global_batch_size,
-        loss_scale_factor=loss_scale_factor,
-    )
+    scale = AggregationScale(dp_size, global_num_tokens, global_batch_size, loss_scale_factor)
+    return aggregation(per_token_loss, mask, scale)

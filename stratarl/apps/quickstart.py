@@ -19,7 +19,7 @@ import torch
 from rich.console import Console
 
 from stratarl.assembly import datasets, preflight
-from stratarl.config import load_config
+from stratarl.config import RunConfig, load_config
 from stratarl.data.tasks.arithmetic import make_arithmetic_dataset
 from stratarl.data.tiny_models import build_tiny_model
 from stratarl.data.tokenizer_factory import corpus_from_parquet
@@ -66,6 +66,41 @@ def tiny_model_for(run_dir: Path, train_path: Path, *, size: str, seed: int) -> 
     return build_tiny_model(run_dir / "model", size=size, corpus_texts=corpus, seed=seed)
 
 
+def load_splits(cfg: RunConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """(train, held-out) prompts of the run's data files; the held-out ones capped by
+    data.max_val_prompts."""
+    d, columns = cfg.data, datasets.data_columns(cfg)
+    val_set = datasets.load_prompts(
+        d.val_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=d.max_val_prompts, **columns
+    )
+    train_set = datasets.load_prompts(
+        d.train_files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=None, **columns
+    )
+    return train_set, val_set
+
+
+def sft_step_budget(cfg: RunConfig, train_set: Any) -> int:
+    """sft.total_steps, or sft.total_epochs passes over the training prompts."""
+    per_epoch = max(1, len(train_set) // cfg.sft.trajectories_per_step)
+    return cfg.sft.total_steps or cfg.sft.total_epochs * per_epoch
+
+
+def save_sft_checkpoint(worker: Any, tokenizer: Any, run_dir: Path) -> Path:
+    """The SFT model and its tokenizer as an HF directory, run_dir/sft/final: GRPO starts there."""
+    sft_dir = worker.save_pretrained(run_dir / "sft" / "final")
+    tokenizer.save_pretrained(sft_dir)
+    return sft_dir
+
+
+def grpo_from_sft(cfg: RunConfig, sft_dir: Path) -> RunConfig:
+    """The GRPO run from the SFT weights; its step-0 validation would repeat the SFT number: skipped."""
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, path=str(sft_dir), tokenizer_path=""),
+        trainer=dataclasses.replace(cfg.trainer, val_before_train=False),
+    )
+
+
 def run_quickstart(
     run_dir: str | Path,
     *,
@@ -88,25 +123,11 @@ def run_quickstart(
     ]
     cfg = load_config(RECIPE, [*base, *(overrides or [])])
     tokenizer = datasets.load_tokenizer(cfg)
-    val_set = datasets.load_prompts(
-        cfg.data.val_files,
-        tokenizer,
-        max_prompt_tokens=cfg.data.max_prompt_tokens,
-        limit=cfg.data.max_val_prompts,
-        **datasets.data_columns(cfg),
-    )
-    train_set = datasets.load_prompts(
-        cfg.data.train_files,
-        tokenizer,
-        max_prompt_tokens=cfg.data.max_prompt_tokens,
-        limit=None,
-        **datasets.data_columns(cfg),
-    )
+    train_set, val_set = load_splits(cfg, tokenizer)
 
     console.rule("SFT warm-start")
     preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens)
-    per_epoch = max(1, len(train_set) // cfg.sft.trajectories_per_step)
-    sft_steps = cfg.sft.total_steps or cfg.sft.total_epochs * per_epoch
+    sft_steps = sft_step_budget(cfg, train_set)
     worker = sft_worker(cfg, tokenizer, sft_steps)
     accuracy_before_sft, _, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=0)
     run_sft(
@@ -120,18 +141,11 @@ def run_quickstart(
         log=RunLog(run_dir / "sft", console=console),
     )
     accuracy_after_sft, _, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=sft_steps)
-    sft_dir = worker.save_pretrained(run_dir / "sft" / "final")
-    tokenizer.save_pretrained(sft_dir)
+    sft_dir = save_sft_checkpoint(worker, tokenizer, run_dir)
     del worker
 
     console.rule("GRPO")
-    # GRPO starts from the SFT weights; its step-0 validation would repeat the SFT number: skip it.
-    grpo_cfg = dataclasses.replace(
-        cfg,
-        model=dataclasses.replace(cfg.model, path=str(sft_dir), tokenizer_path=""),
-        trainer=dataclasses.replace(cfg.trainer, val_before_train=False),
-    )
-    trainer = RLTrainer(grpo_cfg, run_dir / "grpo", console=console)
+    trainer = RLTrainer(grpo_from_sft(cfg, sft_dir), run_dir / "grpo", console=console)
     last_val = trainer.fit()
     accuracy_after_grpo = overall_accuracy(last_val, cfg.rollout.val_kwargs.n)
 

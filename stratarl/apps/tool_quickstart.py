@@ -23,7 +23,13 @@ from typing import Any
 
 from rich.console import Console
 
-from stratarl.apps.quickstart import tiny_model_for
+from stratarl.apps.quickstart import (
+    grpo_from_sft,
+    load_splits,
+    save_sft_checkpoint,
+    sft_step_budget,
+    tiny_model_for,
+)
 from stratarl.assembly import algorithm, datasets, scoring
 from stratarl.config import RunConfig, ValidationSamplingConfig, load_config
 from stratarl.data.tasks.tool_arithmetic import make_tool_dataset
@@ -163,26 +169,10 @@ def run_tool_quickstart(
     ]
     cfg = load_config(RECIPE, [*base, *(overrides or [])])
     tokenizer = datasets.load_tokenizer(cfg)
-    d = cfg.data
-    val_set = datasets.load_prompts(
-        d.val_files,
-        tokenizer,
-        max_prompt_tokens=d.max_prompt_tokens,
-        limit=d.max_val_prompts,
-        **datasets.data_columns(cfg),
-    )
-    train_set = datasets.load_prompts(
-        d.train_files,
-        tokenizer,
-        max_prompt_tokens=d.max_prompt_tokens,
-        limit=None,
-        **datasets.data_columns(cfg),
-    )
+    train_set, val_set = load_splits(cfg, tokenizer)
 
     console.rule("SFT warm-start on multi-turn demonstrations")
-    max_steps = cfg.sft.total_steps or cfg.sft.total_epochs * max(
-        1, len(train_set) // cfg.sft.trajectories_per_step
-    )
+    max_steps = sft_step_budget(cfg, train_set)
     worker = sft_worker(cfg, tokenizer, max_steps)
     sft_start = time.perf_counter()
     sft_log = RunLog(run_dir / "sft", console=console)
@@ -192,18 +182,12 @@ def run_tool_quickstart(
     sft_seconds = time.perf_counter() - sft_start
     after_sft = evaluate_agent(worker, cfg, tokenizer, val_set, step=sft_steps)
     console.print(f"[bold cyan]after SFT[/bold cyan] {after_sft}")
-    sft_dir = worker.save_pretrained(run_dir / "sft" / "final")
-    tokenizer.save_pretrained(sft_dir)
+    sft_dir = save_sft_checkpoint(worker, tokenizer, run_dir)
     del worker
 
     console.rule("GRPO with the tool loop")
-    grpo_cfg = dataclasses.replace(
-        cfg,
-        model=dataclasses.replace(cfg.model, path=str(sft_dir), tokenizer_path=""),
-        trainer=dataclasses.replace(cfg.trainer, val_before_train=False),
-    )
     grpo_start = time.perf_counter()
-    trainer = RLTrainer(grpo_cfg, run_dir / "grpo", console=console)
+    trainer = RLTrainer(grpo_from_sft(cfg, sft_dir), run_dir / "grpo", console=console)
     trainer.fit()
     grpo_seconds = time.perf_counter() - grpo_start
     after_grpo = evaluate_agent(trainer.worker, cfg, tokenizer, val_set, step=trainer.total_steps)

@@ -13,19 +13,18 @@ ranks gather their shards together.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from stratarl.cluster.critic_worker import CriticWorker
 from stratarl.cluster.dispatch import DirectDispatch, RowPath
 from stratarl.cluster.ranks import InProcessRanks, Ranks
 from stratarl.cluster.specs import CriticSpec
-from stratarl.cluster.worker_group import IN_PROCESS, SCORING_COLUMNS, Deployment, set_threads
+from stratarl.cluster.worker_group import IN_PROCESS, SCORING_COLUMNS, Deployment, RankGroup, set_threads
 from stratarl.engine.requests import UpdateRequest
 from stratarl.engine.training import LossFn
 from stratarl.transport.data_proto import DataProto
 
 
-class CriticWorkerGroup:
+class CriticWorkerGroup(RankGroup):
     """The critic's ranks behind `CriticWorker`'s methods.
 
     ranks: `InProcessRanks` of `CriticWorker`s or `RayRanks` of rank processes each holding one.
@@ -75,13 +74,8 @@ class CriticWorkerGroup:
         )
 
     def update_critic(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
-        """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
-        ranks average their metrics among themselves, so rank 0's are the group's."""
-        metrics, split = self.path.update(
-            self.ranks, "critic.update", CriticWorker.update_critic, batch, loss_fn, request
-        )
-        pad = {"critic/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {}
-        return metrics[0] | pad
+        """Each rank updates on its share of every global mini-batch; rank 0's metrics (`_update_ranks`)."""
+        return self._update_ranks("critic", CriticWorker.update_critic, batch, loss_fn, request)
 
     # --- one-to-all: every rank joins the gather of its shards, rank 0 writes -------------------
     def save_pretrained(self, out_dir: str | Path) -> Path:
@@ -108,15 +102,3 @@ class CriticWorkerGroup:
     def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
         """Every armed process's stacks into `folder`; a line per process for the hang report."""
         return self.ranks.dump_stacks(folder, header)
-
-    def shutdown(self) -> None:
-        """Stop the ranks and release what was started for them."""
-        self.ranks.stop()
-        if self.deployment is not None:
-            self.deployment.stop()
-
-    def __enter__(self) -> CriticWorkerGroup:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()

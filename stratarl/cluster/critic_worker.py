@@ -11,7 +11,6 @@ policy's atomic save, `load_checkpoint` restores it from the step the policy's l
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -47,10 +46,10 @@ class CriticWorker:
             model = load_value_model(
                 spec.model.path, spec.model.torch_dtype, trust_remote_code=spec.model.trust_remote_code
             ).to(spec.model.device)
-        o, b = spec.optimizer, spec.batching
+        b = spec.batching
         self.critic = Critic(
             model,
-            **dataclasses.asdict(o),  # lr, AdamW, schedule, clip: OptimizerSettings
+            optim=spec.optimizer,
             micro_batch_size=b.micro_batch_size,
             max_tokens_per_micro_batch=b.max_tokens_per_micro_batch,
             layout=b.layout,

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from torch import Tensor
 
 from stratarl.engine.checkpoint import LoadedCheckpoint
-from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
+from stratarl.engine.requests import LOG_PROBS_ONLY, CheckpointRequest, ScoreRequest, UpdateRequest
 from stratarl.engine.training import LossFn
 from stratarl.rollout.interface import RolloutEngine, SamplingParams
 from stratarl.rollout.weight_sync import WeightLoadReport
 from stratarl.transport.data_proto import DataProto
 
 __all__ = [
+    "CheckpointRequest",
     "CriticCompute",
     "CriticHandle",
     "CriticLifecycle",
@@ -118,16 +119,7 @@ class PolicyLifecycle(GroupProcesses, Protocol):
 
     def save_pretrained(self, out_dir: str | Path) -> Path: ...
 
-    def save_checkpoint(
-        self,
-        root: str | Path,
-        step: int,
-        *,
-        tokenizer: Any = None,
-        trainer_state: dict[str, Any] | None = None,
-        max_to_keep: int | None = None,
-        staged_roles: tuple[str, ...] | list[str] = (),
-    ) -> Path: ...
+    def save_checkpoint(self, root: str | Path, request: CheckpointRequest) -> Path: ...
 
     def load_checkpoint(self, root: str | Path, *, step: int | None = None) -> LoadedCheckpoint | None: ...
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,7 +38,7 @@ from stratarl.engine.hf_models import load_causal_lm
 from stratarl.engine.host_memory import use_host_allocator
 from stratarl.engine.lora import AdapterUpdate, apply_lora, base_state, is_lora, strip_prefix
 from stratarl.engine.perf import GIB
-from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
+from stratarl.engine.requests import LOG_PROBS_ONLY, CheckpointRequest, ScoreRequest, UpdateRequest
 from stratarl.rollout.factory import build_rollout_engine
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.weight_sync import (
@@ -231,28 +230,18 @@ class PolicyWorker:
         return dict(self.actor.last_row_statistics)
 
     # --- checkpoints (collectives with ranks: every rank joins, rank 0 writes) -------------------
-    def save_checkpoint(
-        self,
-        root: str | Path,
-        step: int,
-        *,
-        tokenizer: Any = None,
-        trainer_state: dict[str, Any] | None = None,
-        max_to_keep: int | None = None,
-        staged_roles: Sequence[str] = (),
-    ) -> Path:
+    def save_checkpoint(self, root: str | Path, request: CheckpointRequest) -> Path:
         """root/global_step_{step}: the actor, RNG, the HF export and the trainer's state, atomically
-        (`engine.checkpoint`). staged_roles: roles their own workers staged for this step (a critic's),
-        moved in with it."""
-        manager = CheckpointManager(root, max_to_keep=max_to_keep, dp=self.actor.dp)
+        (`engine.checkpoint`), with the roles `request` names as staged for this step."""
+        manager = CheckpointManager(root, dp=self.actor.dp)
         with self._optimizer_on_device():  # gathered where the parameters are (nccl moves no CPU shards)
             return manager.save(
-                step,
+                request.step,
                 {CHECKPOINT_ROLE: self.actor},
                 hf_policy=self.actor,
-                tokenizer=tokenizer,
-                trainer_state=trainer_state,
-                staged=staged_roles,
+                tokenizer=request.tokenizer,
+                trainer_state=request.trainer_state,
+                staged=request.staged_roles,
             )
 
     def load_checkpoint(self, root: str | Path, *, step: int | None = None) -> LoadedCheckpoint | None:
@@ -278,10 +267,10 @@ class PolicyWorker:
 
 
 def build_actor(model, spec: PolicySpec, dp: DataParallel) -> Actor:
-    a, o = spec.actor, spec.actor.optimizer
+    a = spec.actor
     return Actor(
         model,
-        **dataclasses.asdict(o),  # lr, AdamW, schedule, clip: OptimizerSettings
+        optim=a.optimizer,
         micro_batch_size=a.batching.micro_batch_size,
         max_tokens_per_micro_batch=a.batching.max_tokens_per_micro_batch,
         layout=a.batching.layout,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from stratarl.cluster.critic_worker import CHECKPOINT_ROLE
-from stratarl.cluster.handles import CriticLifecycle, PolicyLifecycle
+from stratarl.cluster.handles import CheckpointRequest, CriticLifecycle, PolicyLifecycle
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
 
 
@@ -52,17 +52,17 @@ class RunCheckpoint:
 
     def save(self, step: int, *, tokenizer: Any, trainer_state: dict[str, Any]) -> Path:
         """global_step_{step}: actor (+ critic) model, optimizer, schedule; RNG; HF export; state."""
-        staged = []
+        staged: tuple[str, ...] = ()
         if self.critic is not None:
             self.critic.stage_checkpoint(self.root, step)  # not a checkpoint until the policy's save
-            staged.append(CHECKPOINT_ROLE)
-        path = self.policy.save_checkpoint(
-            self.root,
+            staged = (CHECKPOINT_ROLE,)
+        request = CheckpointRequest(
             step,
-            staged_roles=staged,
             tokenizer=tokenizer,
             trainer_state=trainer_state | {"lineage": self.lineage},
+            staged_roles=staged,
         )
+        path = self.policy.save_checkpoint(self.root, request)
         if self.max_to_keep is not None:
             self.manager.prune(self.max_to_keep, newest=step, belongs=self._of_this_run)
         return path

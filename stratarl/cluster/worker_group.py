@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from stratarl.cluster.dispatch import DirectDispatch, RowPath
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.cluster.queue_rows import MODEL_INPUTS
-from stratarl.cluster.ranks import InProcessRanks, Ranks
+from stratarl.cluster.ranks import InProcessRanks, Method, Ranks
 from stratarl.cluster.rollout_set import RolloutReplicas
 from stratarl.cluster.rollout_sync import ColocatedSync, RolloutSync
 from stratarl.cluster.specs import PolicySpec
 from stratarl.engine.actor import LossFn
 from stratarl.engine.checkpoint import LoadedCheckpoint
-from stratarl.engine.requests import LOG_PROBS_ONLY, ScoreRequest, UpdateRequest
+from stratarl.engine.requests import LOG_PROBS_ONLY, CheckpointRequest, ScoreRequest, UpdateRequest
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.router import RolloutRouter
 from stratarl.rollout.weight_sync import WeightLoadReport, WeightSyncError
@@ -49,6 +49,40 @@ class Deployment(Protocol):
     def stop(self) -> None: ...
 
 
+class RankGroup:
+    """What every worker group does alike with its ranks (`ranks`), the rows' path to them (`path`)
+    and what was started for them (`deployment`): the update of a data-parallel role, and the end.
+    A group is a context manager that ends with `shutdown`."""
+
+    ranks: Ranks
+    path: RowPath
+    deployment: Deployment | None
+
+    def _update_ranks(
+        self, role: str, method: Method, batch: DataProto, loss_fn: LossFn, request: UpdateRequest
+    ) -> dict[str, float]:
+        """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
+        ranks average their metrics among themselves, so rank 0's are the group's, with the count of
+        the zero-weight rows that padded the split (`<role>/zero_weight_pad_rows`) when there were any."""
+        metrics, split = self.path.update(self.ranks, f"{role}.update", method, batch, loss_fn, request)
+        pad = {f"{role}/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {}
+        return metrics[0] | pad
+
+    def shutdown(self) -> None:
+        """Stop the ranks, then whatever was started for them (replicas, storage, pools, cluster)."""
+        self.ranks.stop()
+        if self.deployment is not None:
+            self.deployment.stop()
+
+    def __enter__(self: G) -> G:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+G = TypeVar("G", bound=RankGroup)
+
 IN_PROCESS = "this process"  # where an in-process group's roles run (`placement`)
 
 
@@ -58,7 +92,7 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-class PolicyWorkerGroup:
+class PolicyWorkerGroup(RankGroup):
     """The policy's ranks behind `PolicyWorker`'s methods.
 
     ranks: the ranks' backend (`InProcessRanks` of `PolicyWorker`s, or `RayRanks` of rank processes
@@ -151,12 +185,8 @@ class PolicyWorkerGroup:
         )
 
     def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
-        """Each rank takes its share of every global mini-batch (`dispatch.split_for_update`); the
-        ranks average their metrics among themselves, so rank 0's are the group's."""
-        metrics, split = self.path.update(
-            self.ranks, "actor.update", PolicyWorker.update_actor, batch, loss_fn, request
-        )
-        return metrics[0] | ({"actor/zero_weight_pad_rows": float(split.pad_rows)} if split.pad_rows else {})
+        """Each rank updates on its share of every global mini-batch; rank 0's metrics (`_update_ranks`)."""
+        return self._update_ranks("actor", PolicyWorker.update_actor, batch, loss_fn, request)
 
     def update_row_statistics(self) -> dict[str, torch.Tensor]:
         """The last update's per-row statistics from every rank, as one table keyed by `row_id`: each
@@ -171,27 +201,9 @@ class PolicyWorkerGroup:
         """The actor as an HF directory (LoRA merged)."""
         return self.ranks.call_all("save", PolicyWorker.save_pretrained, out_dir)[0]
 
-    def save_checkpoint(
-        self,
-        root: str | Path,
-        step: int,
-        *,
-        tokenizer: Any = None,
-        trainer_state: dict[str, Any] | None = None,
-        max_to_keep: int | None = None,
-        staged_roles: tuple[str, ...] | list[str] = (),
-    ) -> Path:
+    def save_checkpoint(self, root: str | Path, request: CheckpointRequest) -> Path:
         """root/global_step_{step}, atomically (`PolicyWorker.save_checkpoint`)."""
-        return self.ranks.call_all(
-            "save",
-            PolicyWorker.save_checkpoint,
-            root,
-            step,
-            tokenizer=tokenizer,
-            trainer_state=trainer_state,
-            max_to_keep=max_to_keep,
-            staged_roles=staged_roles,
-        )[0]
+        return self.ranks.call_all("save", PolicyWorker.save_checkpoint, root, request)[0]
 
     def load_checkpoint(self, root: str | Path, *, step: int | None = None) -> LoadedCheckpoint | None:
         """Every rank restores its shards and RNG state; rank 0's result is returned."""
@@ -231,15 +243,3 @@ class PolicyWorkerGroup:
         """Every armed process's stacks into `folder`; a line per process for the hang report."""
         lines = self.ranks.dump_stacks(folder, header)
         return lines + self.rollout_sync.dump_stacks(self.engines, folder, header)
-
-    def shutdown(self) -> None:
-        """Stop the ranks, then whatever was started for them (replicas, storage, pools, cluster)."""
-        self.ranks.stop()
-        if self.deployment is not None:
-            self.deployment.stop()
-
-    def __enter__(self) -> PolicyWorkerGroup:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()

@@ -41,7 +41,15 @@ from stratarl.engine.training import (
 )
 from stratarl.transport.data_proto import DataProto
 
-__all__ = ["Actor", "BatchTotals", "LossFn", "Reference", "ResponseScores", "compute_log_probs"]
+__all__ = [
+    "Actor",
+    "BatchTotals",
+    "LossFn",
+    "OptimizerSettings",
+    "Reference",
+    "ResponseScores",
+    "compute_log_probs",
+]
 
 
 def causal_lm_of(model: nn.Module) -> nn.Module:
@@ -111,12 +119,13 @@ def compute_log_probs(
 class Actor(TrainingEngine):
     """The trained policy: scores responses and applies updates from a loss_fn.
 
+    optim: AdamW, its LR schedule and the gradient clip (`OptimizerSettings`; adamw_impl: the kernel,
+    `optim.ADAMW_IMPLS`, default auto: torch chooses, the per-parameter loop on CPU).
     max_tokens_per_micro_batch: micro-batches by token budget instead of `micro_batch_size` rows.
     layout: "packed" (no compute on padding) or "padded". logit_chunk_size: rows of logits at a time
     (None: all at once). data_parallel: FSDP2 over a mesh, mixed precision, offload (one process by
     default). gradient_checkpointing: recompute block activations in the backward. peak_flops: the
-    MFU denominator (default `perf.default_peak_flops`). adamw_impl: the AdamW kernel
-    (`optim.ADAMW_IMPLS`; default auto: torch chooses, the per-parameter loop on CPU).
+    MFU denominator (default `perf.default_peak_flops`).
     """
 
     role = "actor"
@@ -125,17 +134,9 @@ class Actor(TrainingEngine):
         self,
         model: nn.Module,
         *,
-        lr: float,
+        optim: OptimizerSettings,
         micro_batch_size: int,
         temperature: float = 1.0,
-        weight_decay: float = 0.01,
-        betas: tuple[float, float] = (0.9, 0.999),
-        grad_clip: float = 1.0,
-        lr_schedule: str = "constant",
-        warmup_steps: int = 0,
-        total_steps: int = 1,
-        min_lr_ratio: float = 0.0,
-        adamw_impl: str = "auto",
         max_tokens_per_micro_batch: int | None = None,
         layout: str = "packed",
         logit_chunk_size: int | None = LOGIT_CHUNK_SIZE,
@@ -150,17 +151,6 @@ class Actor(TrainingEngine):
             enable_activation_checkpointing(lm)
         dp = data_parallel or DataParallel()
         scorer = PolicyScorer(lm, logit_chunk_size=logit_chunk_size, autocast_dtype=dp.autocast_dtype)
-        optim = OptimizerSettings(
-            lr=lr,
-            weight_decay=weight_decay,
-            betas=betas,
-            grad_clip=grad_clip,
-            lr_schedule=lr_schedule,
-            warmup_steps=warmup_steps,
-            total_steps=total_steps,
-            min_lr_ratio=min_lr_ratio,
-            adamw_impl=adamw_impl,
-        )
         super().__init__(
             dp.shard(scorer, block_class_names(lm)),
             optim=optim,

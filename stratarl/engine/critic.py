@@ -60,7 +60,7 @@ def load_value_model(
 
 class Critic(TrainingEngine):
     """The value model under training: `compute_values` and `update(batch, loss_fn)`; its arguments
-    are the actor's (adamw_impl: the AdamW kernel, `optim.ADAMW_IMPLS`)."""
+    are the actor's (optim: `OptimizerSettings`)."""
 
     role = "critic"
 
@@ -68,16 +68,8 @@ class Critic(TrainingEngine):
         self,
         value_model: nn.Module,
         *,
-        lr: float,
+        optim: OptimizerSettings,
         micro_batch_size: int,
-        weight_decay: float = 0.01,
-        betas: tuple[float, float] = (0.9, 0.999),
-        grad_clip: float = 1.0,
-        lr_schedule: str = "constant",
-        warmup_steps: int = 0,
-        total_steps: int = 1,
-        min_lr_ratio: float = 0.0,
-        adamw_impl: str = "auto",
         max_tokens_per_micro_batch: int | None = None,
         layout: str = "packed",
         data_parallel: DataParallel | None = None,
@@ -89,17 +81,6 @@ class Critic(TrainingEngine):
             enable_activation_checkpointing(value_model)
         dp = data_parallel or DataParallel()
         scorer = ValueScorer(value_model, autocast_dtype=dp.autocast_dtype)
-        optim = OptimizerSettings(
-            lr=lr,
-            weight_decay=weight_decay,
-            betas=betas,
-            grad_clip=grad_clip,
-            lr_schedule=lr_schedule,
-            warmup_steps=warmup_steps,
-            total_steps=total_steps,
-            min_lr_ratio=min_lr_ratio,
-            adamw_impl=adamw_impl,
-        )
         config = value_model.config
         batching = MicroBatching(
             micro_batch_size,

@@ -1,15 +1,17 @@
 """Layer 5, training engine: the options of one engine call, as one frozen value each.
 
-An update's options (`UpdateRequest`) and a scoring forward's (`ScoreRequest`) are declared here
-once; every layer above passes the same object down — the trainer's phases build it, the handles,
-worker groups and workers hand it on (`cluster/handles.py` re-exports both for the trainer), and a
-Ray rank receives it pickled, unchanged. A worker group that splits an update over D ranks sends
-each rank the request with its local mini-batch size (`dataclasses.replace`).
+An update's options (`UpdateRequest`), a scoring forward's (`ScoreRequest`) and a checkpoint
+save's (`CheckpointRequest`) are declared here once; every layer above passes the same object
+down — the trainer's phases (or the run's checkpoint, `cluster/run_checkpoint.py`) build it, the
+handles, worker groups and workers hand it on (`cluster/handles.py` re-exports them for the
+trainer), and a Ray rank receives it pickled, unchanged. A worker group that splits an update over
+D ranks sends each rank the request with its local mini-batch size (`dataclasses.replace`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -37,3 +39,17 @@ class ScoreRequest:
 
 
 LOG_PROBS_ONLY = ScoreRequest()  # the default: log-probs alone
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """One checkpoint of the policy, global_step_{step} (`PolicyWorker.save_checkpoint`): what is
+    saved beside the actor and the RNG states. tokenizer: written with the HF export.
+    trainer_state: the trainer's part of the checkpoint. staged_roles: roles their own workers
+    staged for this step (a critic's), moved in with it. Retention is the caller's
+    (`cluster.run_checkpoint.RunCheckpoint` prunes by lineage)."""
+
+    step: int
+    tokenizer: Any = None
+    trainer_state: dict[str, Any] | None = None
+    staged_roles: tuple[str, ...] = ()

@@ -60,20 +60,24 @@ class RolloutEngineSpec:
             raise ValueError(f"unknown rollout dtype {self.dtype!r}; valid: {sorted(DTYPES)}")
 
 
-def build_torch_engine(
-    spec: RolloutEngineSpec,
-    model: ModelSpec,
-    *,
-    source_model: nn.Module | None,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
-    replica_id: int,
-) -> RolloutEngine:
+@dataclass(frozen=True)
+class ReplicaSetup:
+    """What one engine is built from beside its spec and model: the model already loaded in this
+    process (`source_model`, or None), the tokens that end a response and pad a row, its index."""
+
+    source_model: nn.Module | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    replica_id: int
+
+
+def build_torch_engine(spec: RolloutEngineSpec, model: ModelSpec, replica: ReplicaSetup) -> RolloutEngine:
     """`TorchRolloutEngine` over its own copy of the weights (a generation never sees a half-updated
     model, and may run in another dtype than training), or over `source_model` itself when
     `spec.share_weights` (the caller guarantees no update overlaps a generation)."""
     from stratarl.rollout.torch_engine import TorchRolloutEngine
 
+    source_model, replica_id = replica.source_model, replica.replica_id
     if spec.share_weights:
         if source_model is None:
             raise ValueError("share_weights needs the source model to serve")
@@ -83,8 +87,8 @@ def build_torch_engine(
         served = served.to(DTYPES[spec.dtype or model.dtype]).eval().requires_grad_(False)
     return TorchRolloutEngine(
         served,
-        eos_token_ids=list(eos_token_ids),
-        pad_token_id=pad_token_id,
+        eos_token_ids=list(replica.eos_token_ids),
+        pad_token_id=replica.pad_token_id,
         seed=spec.seed + replica_id,
         max_num_seqs=spec.max_num_seqs or UNBOUNDED_SEQS,
         replica_id=replica_id,
@@ -92,32 +96,24 @@ def build_torch_engine(
     )
 
 
-def build_vllm_engine(
-    spec: RolloutEngineSpec,
-    model: ModelSpec,
-    *,
-    source_model: nn.Module | None,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
-    replica_id: int,
-) -> RolloutEngine:
+def build_vllm_engine(spec: RolloutEngineSpec, model: ModelSpec, replica: ReplicaSetup) -> RolloutEngine:
     """`VllmRolloutEngine` over the model directory (vLLM loads and lays out the weights itself)."""
     from stratarl.rollout.vllm_engine import VllmRolloutEngine  # imports vllm: only when chosen
 
     limits = {} if spec.max_num_seqs is None else {"max_num_seqs": spec.max_num_seqs}
     return VllmRolloutEngine(
         model.path,
-        eos_token_ids=list(eos_token_ids),
+        eos_token_ids=list(replica.eos_token_ids),
         dtype=spec.dtype or model.dtype,
-        seed=spec.seed + replica_id,
+        seed=spec.seed + replica.replica_id,
         max_model_len=spec.max_model_len,
-        replica_id=replica_id,
+        replica_id=replica.replica_id,
         trust_remote_code=model.trust_remote_code,
         **limits,
     )
 
 
-RolloutBuilder = Callable[..., RolloutEngine]
+RolloutBuilder = Callable[[RolloutEngineSpec, ModelSpec, ReplicaSetup], RolloutEngine]
 ROLLOUT_BACKENDS: dict[str, RolloutBuilder] = {"torch": build_torch_engine, "vllm": build_vllm_engine}
 
 
@@ -131,12 +127,5 @@ def build_rollout_engine(
     replica_id: int = 0,
 ) -> RolloutEngine:
     """The engine `spec.backend` names, serving `model` as weight version 0, as replica `replica_id`."""
-    build = ROLLOUT_BACKENDS[spec.backend]
-    return build(
-        spec,
-        model,
-        source_model=source_model,
-        eos_token_ids=eos_token_ids,
-        pad_token_id=pad_token_id,
-        replica_id=replica_id,
-    )
+    replica = ReplicaSetup(source_model, tuple(eos_token_ids), pad_token_id, replica_id)
+    return ROLLOUT_BACKENDS[spec.backend](spec, model, replica)

@@ -32,12 +32,12 @@ from stratarl.rollout.interface import GenerationRequest
 from stratarl.rollout.stopping import Detokenize, StopRule
 from stratarl.rollout.weight_sync import (
     DEFAULT_BUCKET_BYTES,
+    PushedReplica,
     TensorSlice,
     WeightLoadReport,
     WeightReceiver,
     WeightSyncError,
     check_state_dict_keys,
-    push_weights,
     tensor_bytes,
 )
 
@@ -67,7 +67,7 @@ def check_architecture(config) -> None:
         )
 
 
-class TorchRolloutEngine(SteppedEngine):
+class TorchRolloutEngine(SteppedEngine, PushedReplica):
     """A `RolloutEngine` over an in-process HF causal LM (any `AutoModelForCausalLM` whose layers are
     full or sliding-window attention: `check_architecture`).
 
@@ -223,22 +223,6 @@ class TorchRolloutEngine(SteppedEngine):
         return StopRule(request.sampling, self.eos_token_ids, self.detokenize, context_budget=budget)
 
     # --- weights ---------------------------------------------------------------------------------
-    def load_weights(
-        self,
-        state_dict: Mapping[str, Tensor],
-        version: int,
-        *,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        partial: bool = False,
-    ) -> WeightLoadReport:
-        """Load the trainer's weights in place, in buckets, verified, and serve them as `version`.
-
-        Keys are checked strictly before anything is loaded (unless partial=True, e.g. the merged
-        target modules of a LoRA adapter)."""
-        return push_weights(state_dict, [self], version=version, bucket_bytes=bucket_bytes, partial=partial)[
-            0
-        ]
-
     def load_adapter(
         self,
         update: AdapterUpdate,

@@ -31,11 +31,11 @@ from stratarl.rollout.engine_loop import Finished, SteppedEngine
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
 from stratarl.rollout.weight_sync import (
     DEFAULT_BUCKET_BYTES,
+    PushedReplica,
     TensorSlice,
     WeightLoadReport,
     WeightSyncError,
     parameter_checksum,
-    push_weights,
     tensor_bytes,
     value_checksum,
 )
@@ -43,7 +43,7 @@ from stratarl.rollout.weight_sync import (
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-class VllmRolloutEngine(SteppedEngine):
+class VllmRolloutEngine(SteppedEngine, PushedReplica):
     """A `RolloutEngine` over vLLM's offline engine, for a local HF model directory.
 
     eos_token_ids: ids that end every request (vLLM's own EOS handling is turned off, so that exactly
@@ -189,19 +189,6 @@ class VllmRolloutEngine(SteppedEngine):
         )
 
     # --- weights ---------------------------------------------------------------------------------
-    def load_weights(
-        self,
-        state_dict: Mapping[str, Tensor],
-        version: int,
-        *,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        partial: bool = False,
-    ) -> WeightLoadReport:
-        """Load HF-named weights into the served model in place, in buckets, and check them."""
-        return push_weights(state_dict, [self], version=version, bucket_bytes=bucket_bytes, partial=partial)[
-            0
-        ]
-
     def load_adapter(
         self,
         update: AdapterUpdate,

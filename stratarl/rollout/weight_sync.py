@@ -308,6 +308,28 @@ def push_weights(
     return reports
 
 
+class PushedReplica:
+    """The `load_weights` of one served model (the torch and vLLM engines, which implement the
+    receiving side of `WeightSyncTarget`): `push_weights` to this replica alone."""
+
+    def load_weights(
+        self: WeightSyncTarget,
+        state_dict: Mapping[str, Tensor],
+        version: int,
+        *,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        partial: bool = False,
+    ) -> WeightLoadReport:
+        """Load the trainer's weights in place, in buckets, verified, and serve them as `version`.
+
+        Keys are checked strictly before anything is loaded (unless partial=True, e.g. the merged
+        target modules of a LoRA adapter)."""
+        (report,) = push_weights(
+            state_dict, [self], version=version, bucket_bytes=bucket_bytes, partial=partial
+        )
+        return report
+
+
 def check_sync(
     replica: WeightSyncTarget, report: WeightLoadReport, *, version: int, expected_checksum: int
 ) -> None:

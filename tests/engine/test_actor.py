@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from stratarl.engine.actor import Actor, Reference, compute_log_probs
+from stratarl.engine.actor import Actor, OptimizerSettings, Reference, compute_log_probs
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.optim import build_lr_schedule, build_optimizer
 from stratarl.engine.requests import ScoreRequest, UpdateRequest
@@ -15,7 +15,9 @@ from tests.engine.tiny_batches import V, policy_gradient_loss, ragged_batch, tin
 
 def grads_after_one_step(micro_batch_size: int = 8, **kwargs) -> list[torch.Tensor]:
     model = tiny_model()
-    actor = Actor(model, lr=0.0, micro_batch_size=micro_batch_size, grad_clip=1e9, **kwargs)
+    actor = Actor(
+        model, optim=OptimizerSettings(lr=0.0, grad_clip=1e9), micro_batch_size=micro_batch_size, **kwargs
+    )
     actor.update(ragged_batch(), policy_gradient_loss, UpdateRequest(mini_batch_size=8, with_entropy=True))
     return [p.grad.clone() for p in model.parameters()]
 
@@ -38,7 +40,7 @@ def test_log_probs_match_a_plain_forward_per_row():
 
 def test_sum_pi_squared_comes_from_the_same_forward_and_matches_a_plain_softmax():
     model, batch = tiny_model(), ragged_batch()
-    actor = Actor(model, lr=0.0, micro_batch_size=3, temperature=0.7)
+    actor = Actor(model, optim=OptimizerSettings(lr=0.0), micro_batch_size=3, temperature=0.7)
     out = actor.score_responses(batch, ScoreRequest(with_entropy=True, with_sum_pi_squared=True))
     torch.testing.assert_close(out["log_prob"], actor.compute_log_prob(batch)[0], atol=0, rtol=0)
     for i in range(len(batch)):
@@ -84,9 +86,12 @@ def test_activation_checkpointing_gives_the_same_gradient():
 
 def test_bf16_autocast_in_one_process_stays_close_to_fp32():
     model, batch = tiny_model(), ragged_batch()
-    fp32 = Actor(model, lr=1e-2, micro_batch_size=4).compute_log_prob(batch)[0]
+    fp32 = Actor(model, optim=OptimizerSettings(lr=1e-2), micro_batch_size=4).compute_log_prob(batch)[0]
     actor = Actor(
-        copy.deepcopy(model), lr=1e-2, micro_batch_size=4, data_parallel=DataParallel(param_dtype="bfloat16")
+        copy.deepcopy(model),
+        optim=OptimizerSettings(lr=1e-2),
+        micro_batch_size=4,
+        data_parallel=DataParallel(param_dtype="bfloat16"),
     )
     bf16 = actor.compute_log_prob(batch)[0]
     assert 0 < (bf16 - fp32).abs().max() < 0.05  # bf16 keeps ~3 significant digits
@@ -105,7 +110,7 @@ def test_offloading_is_refused_where_there_is_no_accelerator():
 def test_update_changes_weights_and_reports_metrics():
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
-    actor = Actor(model, lr=1e-2, micro_batch_size=4)
+    actor = Actor(model, optim=OptimizerSettings(lr=1e-2), micro_batch_size=4)
     request = UpdateRequest(mini_batch_size=4, epochs=2, shuffle_seed=0)
     metrics = actor.update(ragged_batch(), policy_gradient_loss, request)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
@@ -118,7 +123,7 @@ def test_update_changes_weights_and_reports_metrics():
 def test_non_finite_gradient_skips_the_step_and_is_counted():
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
-    actor = Actor(model, lr=1e-2, micro_batch_size=8)
+    actor = Actor(model, optim=OptimizerSettings(lr=1e-2), micro_batch_size=8)
 
     def nan_loss(micro, scores, totals):
         return scores.log_prob.sum() * float("nan"), {}
@@ -131,7 +136,7 @@ def test_non_finite_gradient_skips_the_step_and_is_counted():
 def test_reference_is_a_frozen_copy():
     model = tiny_model()
     reference = Reference.copy_of(model, micro_batch_size=4)
-    actor = Actor(model, lr=1e-1, micro_batch_size=8)
+    actor = Actor(model, optim=OptimizerSettings(lr=1e-1), micro_batch_size=8)
     batch = ragged_batch()
     ref_before = reference.compute_log_prob(batch)
     actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=8))

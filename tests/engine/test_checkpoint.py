@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from stratarl.engine.actor import Actor, compute_log_probs
+from stratarl.engine.actor import Actor, OptimizerSettings, compute_log_probs
 from stratarl.engine.checkpoint import (
     MANIFEST,
     TRACKER,
@@ -32,9 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def make_roles(seed):
     actor = Actor(
-        tiny_model(seed), lr=1e-2, micro_batch_size=4, lr_schedule="cosine", warmup_steps=1, total_steps=5
+        tiny_model(seed),
+        optim=OptimizerSettings(lr=1e-2, lr_schedule="cosine", warmup_steps=1, total_steps=5),
+        micro_batch_size=4,
     )
-    critic = Critic(value_model_from_causal_lm(tiny_model(seed)), lr=1e-2, micro_batch_size=4)
+    critic = Critic(
+        value_model_from_causal_lm(tiny_model(seed)), optim=OptimizerSettings(lr=1e-2), micro_batch_size=4
+    )
     return {"actor": actor, "critic": critic}
 
 

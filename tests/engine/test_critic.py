@@ -7,7 +7,7 @@ from stratarl.algo.value_loss import clipped_value_loss
 from stratarl.engine.critic import Critic, load_value_model, value_model_from_causal_lm
 from stratarl.engine.forward import ValueScores
 from stratarl.engine.requests import UpdateRequest
-from stratarl.engine.training import BatchTotals
+from stratarl.engine.training import BatchTotals, OptimizerSettings
 from tests.engine.tiny_batches import ragged_batch, tiny_model
 
 
@@ -58,7 +58,7 @@ def test_a_saved_causal_lm_directory_loads_as_a_value_model(tmp_path):
 
 def test_values_are_read_at_the_position_before_each_response_token():
     value_model = value_model_from_causal_lm(tiny_model(), head_init_std=1.0)
-    critic = Critic(value_model, lr=0.0, micro_batch_size=3)
+    critic = Critic(value_model, optim=OptimizerSettings(lr=0.0), micro_batch_size=3)
     batch = ragged_batch(n=8, seed=2)
     values = critic.compute_values(batch)
     for i in range(len(batch)):
@@ -73,7 +73,7 @@ def test_values_are_read_at_the_position_before_each_response_token():
 def grads(**kwargs):
     torch.manual_seed(0)
     value_model = value_model_from_causal_lm(tiny_model(), head_init_std=1.0)
-    critic = Critic(value_model, lr=0.0, grad_clip=1e9, **kwargs)
+    critic = Critic(value_model, optim=OptimizerSettings(lr=0.0, grad_clip=1e9), **kwargs)
     critic.update(critic_batch(critic), value_loss, UpdateRequest(mini_batch_size=8))
     return [p.grad.clone() for p in value_model.parameters() if p.grad is not None]
 
@@ -86,7 +86,9 @@ def test_token_budget_and_micro_batch_split_give_the_gradient_of_one_pass():
 
 
 def test_clipped_value_update_lowers_the_value_loss_on_a_fixed_batch():
-    critic = Critic(value_model_from_causal_lm(tiny_model()), lr=3e-2, micro_batch_size=4)
+    critic = Critic(
+        value_model_from_causal_lm(tiny_model()), optim=OptimizerSettings(lr=3e-2), micro_batch_size=4
+    )
     batch = critic_batch(critic, scale=0.3)  # returns mostly within the clip range of the old values
     totals = BatchTotals(num_tokens=int(batch["response_mask"].sum()), num_sequences=len(batch))
 

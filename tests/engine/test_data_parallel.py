@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from stratarl.engine.actor import Actor, Reference
+from stratarl.engine.actor import Actor, OptimizerSettings, Reference
 from stratarl.engine.checkpoint import CheckpointManager
 from stratarl.engine.critic import Critic, value_model_from_causal_lm
 from stratarl.engine.data_parallel import DataParallel
@@ -28,6 +28,8 @@ PROMPTS, RESPONSES = [7, 6, 7, 5, 3, 2, 3, 2], [5, 6, 4, 5, 2, 1, 2, 2]
 # rank r holds rows 4r..4r+3 and takes mini-batches of 2: the global mini-batches are {0,1,4,5}, {2,3,6,7}
 SINGLE_PROCESS_ORDER = [0, 1, 4, 5, 2, 3, 6, 7]
 
+OPTIM = OptimizerSettings(lr=1e-2)
+
 
 def global_batch():
     batch = batch_with_lengths(PROMPTS, RESPONSES, 8, 6, generator=torch.Generator().manual_seed(0))
@@ -41,10 +43,10 @@ def global_batch():
 
 
 def build(seed, dp=None, **kwargs):
-    actor = Actor(tiny_model(seed, layers=2), lr=1e-2, micro_batch_size=2, data_parallel=dp, **kwargs)
+    actor = Actor(tiny_model(seed, layers=2), optim=OPTIM, micro_batch_size=2, data_parallel=dp, **kwargs)
     critic = Critic(
         value_model_from_causal_lm(tiny_model(seed, layers=2)),
-        lr=1e-2,
+        optim=OPTIM,
         micro_batch_size=2,
         data_parallel=dp,
         **kwargs,
@@ -87,7 +89,7 @@ def _rank_main(rank, world, port, out_dir):
         bf16_dp = DataParallel(mesh=dp.mesh, param_dtype="bfloat16")
         bf16 = Actor(
             tiny_model(0, layers=2),
-            lr=1e-2,
+            optim=OPTIM,
             micro_batch_size=2,
             data_parallel=bf16_dp,
             gradient_checkpointing=True,

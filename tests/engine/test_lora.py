@@ -7,7 +7,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from stratarl.engine.actor import Actor, Reference, compute_log_probs
+from stratarl.engine.actor import Actor, OptimizerSettings, Reference, compute_log_probs
 from stratarl.engine.lora import apply_adapter_update, apply_lora, base_state, lora_scalings, merge_lora_state
 from stratarl.engine.requests import UpdateRequest
 from tests.engine.tiny_batches import policy_gradient_loss, ragged_batch, tiny_model
@@ -19,7 +19,7 @@ def trained():
     base = tiny_model(layers=2)
     original = copy.deepcopy(base)
     model = apply_lora(base, rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj"])
-    actor = Actor(model, lr=5e-2, micro_batch_size=4)
+    actor = Actor(model, optim=OptimizerSettings(lr=5e-2), micro_batch_size=4)
     batch = ragged_batch()
     for _ in range(2):
         actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=8))

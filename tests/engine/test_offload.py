@@ -5,7 +5,7 @@ offloading is a no-op."""
 import pytest
 import torch
 
-from stratarl.engine.actor import Actor
+from stratarl.engine.actor import Actor, OptimizerSettings
 from stratarl.engine.offload import move_optimizer_state, optimizer_state_devices
 from stratarl.engine.optim import ADAMW_IMPLS, build_optimizer
 from stratarl.engine.requests import UpdateRequest
@@ -35,7 +35,9 @@ def test_state_moves_with_its_bytes_counted_and_step_stays(adamw_impl):
 
 def test_offloading_a_cpu_actor_moves_nothing_and_trains_the_same():
     batch = ragged_batch(n=4)
-    plain, handed = (Actor(tiny_model(), lr=1e-2, micro_batch_size=2) for _ in range(2))
+    plain, handed = (
+        Actor(tiny_model(), optim=OptimizerSettings(lr=1e-2), micro_batch_size=2) for _ in range(2)
+    )
     for actor in (plain, handed):
         actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
     assert handed.offload_optimizer() == 0 and handed.reload_optimizer() == 0

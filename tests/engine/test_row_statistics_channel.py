@@ -5,7 +5,7 @@ import torch
 
 from stratarl.cluster.dispatch import DirectDispatch
 from stratarl.cluster.ranks import InProcessRanks
-from stratarl.engine.actor import Actor
+from stratarl.engine.actor import Actor, OptimizerSettings
 from stratarl.engine.requests import UpdateRequest
 from stratarl.objective.actor_loss import ActorLoss
 from stratarl.transport.data_proto import DataProto
@@ -21,7 +21,7 @@ def traced_batch(actor: Actor, n: int = 8) -> DataProto:
 
 
 def test_first_mini_batch_sees_the_old_policy_later_ones_a_moved_one():
-    actor = Actor(tiny_model(), lr=1e-2, micro_batch_size=2)
+    actor = Actor(tiny_model(), optim=OptimizerSettings(lr=1e-2), micro_batch_size=2)
     batch = traced_batch(actor)
     actor.update(batch, ActorLoss(), UpdateRequest(mini_batch_size=4, epochs=1, shuffle_seed=None))
     stats = actor.last_row_statistics
@@ -43,7 +43,7 @@ def test_first_mini_batch_sees_the_old_policy_later_ones_a_moved_one():
 
 
 def test_without_row_ids_nothing_is_collected_and_pad_rows_are_dropped():
-    actor = Actor(tiny_model(), lr=1e-3, micro_batch_size=4)
+    actor = Actor(tiny_model(), optim=OptimizerSettings(lr=1e-3), micro_batch_size=4)
     batch = traced_batch(actor)
     untraced = batch.select([c for c in batch.columns if c != ROW_ID])
     actor.update(untraced, ActorLoss(), UpdateRequest(mini_batch_size=8))
@@ -74,7 +74,9 @@ def test_a_worker_group_gathers_every_real_row_once_from_its_ranks():
     from stratarl.cluster.policy_worker import PolicyWorker
     from stratarl.cluster.worker_group import PolicyWorkerGroup
 
-    workers = [_Worker(Actor(tiny_model(), lr=1e-3, micro_batch_size=2)) for _ in range(3)]
+    workers = [
+        _Worker(Actor(tiny_model(), optim=OptimizerSettings(lr=1e-3), micro_batch_size=2)) for _ in range(3)
+    ]
     group = PolicyWorkerGroup.__new__(PolicyWorkerGroup)
     group.ranks, group.path = InProcessRanks("actor", workers), DirectDispatch()
     batch = traced_batch(workers[0].actor, n=8)  # 8 rows over 3 ranks: pad rows on some shares

@@ -15,13 +15,13 @@ from transformers import AutoTokenizer
 
 from stratarl.assembly import roles
 from stratarl.cluster.policy_worker import PolicyWorker
-from stratarl.engine.actor import Actor
+from stratarl.engine.actor import Actor, OptimizerSettings
 from stratarl.engine.checkpoint import CheckpointManager
 from stratarl.engine.data_parallel import DataParallel
 from stratarl.engine.offload import optimizer_state_devices
 from stratarl.engine.optim import ADAMW_IMPLS
 from stratarl.engine.process_group import free_port, join_process_group, leave_process_group
-from stratarl.engine.requests import UpdateRequest
+from stratarl.engine.requests import CheckpointRequest, UpdateRequest
 from stratarl.objective.actor_loss import ActorLoss
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer.rl_trainer import RLTrainer
@@ -87,7 +87,9 @@ def one_nccl_rank():
 @pytest.mark.parametrize("offload_params", [False, True])
 def test_fsdp2_computes_in_bf16_over_fp32_shards_and_trains(one_nccl_rank, offload_params):
     dp = DataParallel.over_world(param_dtype="bfloat16", offload_params=offload_params)
-    actor = Actor(tiny_model(layers=2).cuda(), lr=1e-2, micro_batch_size=4, data_parallel=dp)
+    actor = Actor(
+        tiny_model(layers=2).cuda(), optim=OptimizerSettings(lr=1e-2), micro_batch_size=4, data_parallel=dp
+    )
     assert actor.device.type == "cuda"  # batches go to the GPU even when the shards live in CPU memory
     shard_devices = {p.to_local().device.type for p in actor.module.parameters()}
     assert shard_devices == ({"cpu"} if offload_params else {"cuda"})
@@ -129,7 +131,10 @@ def test_the_hand_off_frees_device_memory(task):
 def test_the_optimizer_hand_off_trains_as_without_it_for_each_adamw_kernel(adamw_impl):
     batch = ragged_batch(n=4)
     plain, handed = (
-        Actor(tiny_model().cuda(), lr=1e-2, micro_batch_size=2, adamw_impl=adamw_impl) for _ in range(2)
+        Actor(
+            tiny_model().cuda(), optim=OptimizerSettings(lr=1e-2, adamw_impl=adamw_impl), micro_batch_size=2
+        )
+        for _ in range(2)
     )
     for actor in (plain, handed):
         actor.update(batch, policy_gradient_loss, UpdateRequest(mini_batch_size=4))
@@ -149,7 +154,7 @@ def test_a_checkpoint_saved_on_cuda_loads_on_the_cpu_equal(task, tmp_path):
     batch = sampled_batch(worker, task, tokenizer)
     batch = batch.union(worker.compute_log_prob(batch))
     worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))  # optimizer state on cuda
-    worker.save_checkpoint(tmp_path / "ckpt", step=1)
+    worker.save_checkpoint(tmp_path / "ckpt", CheckpointRequest(step=1))
     cpu_spec = dataclasses.replace(worker.spec, model=dataclasses.replace(worker.spec.model, device="cpu"))
     on_cpu = PolicyWorker(cpu_spec)
     assert on_cpu.load_checkpoint(tmp_path / "ckpt") is not None

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from stratarl.assembly import roles
 from stratarl.cluster.policy_worker import PolicyWorker
 from stratarl.engine.offload import optimizer_state_devices
-from stratarl.engine.requests import UpdateRequest
+from stratarl.engine.requests import CheckpointRequest, UpdateRequest
 from stratarl.objective.actor_loss import ActorLoss
 from tests.trainer.precision_gap import BF16, rollout_training_gap, served_dtype
 from tests.trainer.test_engine_settings import sampled_batch
@@ -66,7 +66,7 @@ def test_the_hand_off_where_it_applies_frees_the_cache_at_the_first_training_pha
     assert metrics["perf/optimizer_offloaded_gb"] == 0.0  # CPU to CPU: nothing moves
     again = worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))
     assert again["perf/rollout_cache_released_gb"] == 0
-    path = worker.save_checkpoint(tmp_path / "ckpt", step=1)  # the state is on hand to save
+    path = worker.save_checkpoint(tmp_path / "ckpt", CheckpointRequest(step=1))  # the state is on hand
     assert (path / "actor" / "optimizer.pt").is_file()
     assert worker.load_checkpoint(tmp_path / "ckpt") is not None
     after = sampled_batch(worker, task, tokenizer, seed=1)  # generation re-allocates its cache

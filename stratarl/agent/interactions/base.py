@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from stratarl.agent.tools.registry import import_class
+from stratarl.agent.class_list import build_class_list, read_class_list_file
 
 
 @dataclass(frozen=True)
@@ -55,23 +53,12 @@ class Interaction:
 
 def interactions_from_config(config: dict[str, Any]) -> dict[str, Interaction]:
     """{name: interaction} from a parsed config with an `interaction` list."""
-    entries = config.get("interaction") if isinstance(config, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError("an interaction config needs a top-level 'interaction' list")
-    out: dict[str, Interaction] = {}
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or "class_name" not in entry:
-            raise ValueError(f"interaction[{i}] needs 'class_name'")
-        cls = import_class(entry["class_name"])
-        if not (isinstance(cls, type) and issubclass(cls, Interaction)):
-            raise TypeError(f"interaction[{i}]: {entry['class_name']} is not a stratarl Interaction subclass")
-        interaction = cls(entry.get("config") or {}, name=entry.get("name"))
-        if interaction.name in out:
-            raise ValueError(f"interaction[{i}]: duplicate name {interaction.name!r}")
-        out[interaction.name] = interaction
-    return out
+    return build_class_list(config, "interaction", Interaction, _build_interaction)
+
+
+def _build_interaction(cls: type, entry: dict[str, Any], where: str) -> Interaction:
+    return cls(entry.get("config") or {}, name=entry.get("name"))
 
 
 def load_interactions(path: str | Path) -> dict[str, Interaction]:
-    with open(path, encoding="utf-8") as f:
-        return interactions_from_config(yaml.safe_load(f) or {})
+    return interactions_from_config(read_class_list_file(path))

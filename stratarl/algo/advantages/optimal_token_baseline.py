@@ -95,16 +95,9 @@ def optimal_token_baseline_advantages(
     handle_zero_tail (default True since verl 0.9.1): see `group_token_baselines`.
     returns = G unmasked (a mask-0 position holds the later reward-to-go), as in verl.
     """
-    check_token_fields(
-        token_level_rewards=token_level_rewards,
-        response_mask=response_mask,
-        old_log_prob=old_log_prob,
-        sum_pi_squared=sum_pi_squared,
-        rollout_is_weights=rollout_is_weights,
+    returns, weights = _returns_and_weights(
+        token_level_rewards, response_mask, group, old_log_prob, sum_pi_squared, rollout_is_weights
     )
-    check_group(group, token_level_rewards.shape[0])
-    returns = reward_to_go(token_level_rewards, response_mask)
-    weights = path_variance_weights(old_log_prob, sum_pi_squared, response_mask, rollout_is_weights)
     every_row = torch.ones(returns.shape[0], dtype=torch.bool, device=returns.device)
     baselines = group_token_baselines(
         returns,
@@ -138,16 +131,9 @@ def tir_optimal_token_baseline_advantages(
     tokens. Rows with no action token take no part in their group (size, length ranking).
     returns = G on the full rows, unmasked, as in verl.
     """
-    check_token_fields(
-        token_level_rewards=token_level_rewards,
-        response_mask=response_mask,
-        old_log_prob=old_log_prob,
-        sum_pi_squared=sum_pi_squared,
-        rollout_is_weights=rollout_is_weights,
+    returns, weights = _returns_and_weights(
+        token_level_rewards, response_mask, group, old_log_prob, sum_pi_squared, rollout_is_weights
     )
-    check_group(group, token_level_rewards.shape[0])
-    returns = reward_to_go(token_level_rewards, response_mask)
-    weights = path_variance_weights(old_log_prob, sum_pi_squared, response_mask, rollout_is_weights)
     rows, columns = response_mask.bool().nonzero(as_tuple=True)  # action tokens
     packed_column = (response_mask.bool().long().cumsum(dim=-1) - 1)[rows, columns]  # k of each one
     length = response_mask.bool().sum(dim=-1)  # [N] L_i
@@ -167,6 +153,29 @@ def tir_optimal_token_baseline_advantages(
     packed_advantages = packed_returns - baselines  # [N, K]
     advantages = _pack(packed_advantages, (rows, packed_column), (rows, columns), returns.shape[1])
     return advantages * response_mask, returns
+
+
+def _returns_and_weights(
+    token_level_rewards: Tensor,  # [N, T]
+    response_mask: Tensor,  # [N, T]
+    group: Tensor,  # [N]
+    old_log_prob: Tensor,  # [N, T]
+    sum_pi_squared: Tensor,  # [N, T]
+    rollout_is_weights: Tensor | None,  # [N, T]
+) -> tuple[Tensor, Tensor]:  # G [N, T], W [N, T]
+    """Both OTB variants' start: the inputs checked, then G (`reward_to_go`) and W
+    (`path_variance_weights`) on the full rows."""
+    check_token_fields(
+        token_level_rewards=token_level_rewards,
+        response_mask=response_mask,
+        old_log_prob=old_log_prob,
+        sum_pi_squared=sum_pi_squared,
+        rollout_is_weights=rollout_is_weights,
+    )
+    check_group(group, token_level_rewards.shape[0])
+    returns = reward_to_go(token_level_rewards, response_mask)
+    weights = path_variance_weights(old_log_prob, sum_pi_squared, response_mask, rollout_is_weights)
+    return returns, weights
 
 
 def _pack(values: Tensor, source: tuple[Tensor, Tensor], target: tuple[Tensor, Tensor], width: int) -> Tensor:
