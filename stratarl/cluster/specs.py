@@ -2,8 +2,8 @@
 
 The builders of `stratarl/assembly/roles.py` turn the config into these frozen dataclasses of
 plain values; they reach a worker unchanged, in this process or pickled to a Ray rank, and the
-worker's one constructor reads them (`PolicyWorker(spec)`, `CriticWorker(spec)`). A spec is the whole contract: a setting that is
-not in a spec cannot reach a worker.
+worker's one constructor reads them (`PolicyWorker(spec)`, `CriticWorker(spec)`). A spec is the
+whole contract: a setting that is not in a spec cannot reach a worker.
 
     PolicySpec: model · actor (optimizer, micro-batching) · precision · LoRA · reference · rollout engine
     CriticSpec: model · optimizer · micro-batching · precision · value-head seed
