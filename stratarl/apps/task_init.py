@@ -14,6 +14,7 @@ docs/own_task.md walks through it and says how the numbers were chosen.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,50 @@ def _round_up(value: float, multiple: int = 8) -> int:
     return int(math.ceil(value / multiple) * multiple)
 
 
+@dataclass(frozen=True)
+class RecipeNumbers:
+    """The SFT and GRPO numbers of a starter recipe, for one kind of model (the rest are measured)."""
+
+    lr: float  # actor.lr
+    sft_lr: float
+    sft_warmup_steps: int
+    sft_total_steps: int  # a cap: sft.stop_on_plateau ends SFT earlier (with validation files)
+    sft_test_freq: int
+    sft_per_step: int  # sft.trajectories_per_step (= its micro-batch)
+    prompts_per_step: int  # = actor.prompts_per_mini_batch: one update per step
+    trajectories_per_micro_batch: int
+    temperature: float
+    total_steps: int
+    test_freq: int
+    warmup_steps: int | None = None  # actor.warmup_steps; None keeps the default
+
+
+# Measured on tiny models (docs/own_task.md): a random-init 1M model needed 300 SFT steps on sorting
+# and 600 on a 200-word text task; held-out accuracy every 100 steps ends SFT on a plateau.
+TINY_NUMBERS = RecipeNumbers(
+    lr=3.0e-4, sft_lr=1.0e-3, sft_warmup_steps=10, sft_total_steps=1500, sft_test_freq=100,
+    sft_per_step=64, prompts_per_step=32, trajectories_per_micro_batch=64, temperature=1.0,
+    total_steps=60, test_freq=20,
+)  # fmt: skip
+# recipes/grpo_smollm2_arithmetic.yaml's numbers, measured on SmolLM2-135M-Instruct on 2 CPU cores
+# (docs/benchmarks.md): fine-tuning rates, 16 prompts × 8 samples a step, sampling at τ = 0.6.
+PRETRAINED_NUMBERS = RecipeNumbers(
+    lr=1.0e-5, sft_lr=1.0e-5, sft_warmup_steps=0, sft_total_steps=200, sft_test_freq=25,
+    sft_per_step=16, prompts_per_step=16, trajectories_per_micro_batch=32, temperature=0.6,
+    total_steps=30, test_freq=5, warmup_steps=0,
+)  # fmt: skip
+LARGE_MODEL_LR = 1.0e-6  # from 1B parameters: the rate of verl's examples for 0.5–7B models
+
+
+def recipe_numbers(scale: ModelScale | None) -> RecipeNumbers:
+    """The tiny path's numbers, or for a pretrained `scale` the SmolLM2 recipe's (1e-6 from 1B)."""
+    if scale is None or not scale.pretrained:
+        return TINY_NUMBERS
+    if scale.parameters >= 1_000_000_000:
+        return dataclasses.replace(PRETRAINED_NUMBERS, lr=LARGE_MODEL_LR, sft_lr=LARGE_MODEL_LR)
+    return PRETRAINED_NUMBERS
+
+
 def starter_recipe(
     profile: TaskProfile,
     *,
@@ -155,105 +200,53 @@ def starter_recipe(
     experiment_name: str,
     scale: ModelScale | None = None,
 ) -> dict[str, Any]:
-    """The settings written to recipe.yaml: this task's data, model, reward and lengths, and SFT and
-    GRPO settings measured on tiny models (docs/own_task.md) or, for a pretrained `scale`, on
-    SmolLM2-135M-Instruct (`pretrained_recipe`); the rest keep their defaults. SFT runs until
-    held-out accuracy stops rising (sft.stop_on_plateau), sft.total_steps being the cap."""
+    """The settings written to recipe.yaml: this task's data, model, reward and lengths, and the SFT
+    and GRPO numbers of `recipe_numbers(scale)`; the rest keep their defaults. Response room is 1.5 ×
+    the longest reference answer on the tiny path; a pretrained chat model gets twice it, at least 32
+    tokens, for its words around the answer. SFT runs until held-out accuracy stops rising
+    (sft.stop_on_plateau), sft.total_steps being the cap."""
+    k = recipe_numbers(scale)
+    pretrained = scale is not None and scale.pretrained
     prompt_tokens = _round_up(profile.prompt_tokens["max"])
-    if scale is not None and scale.pretrained:
-        return pretrained_recipe(
-            profile, scale, prompt_tokens, train_files=train_files, val_files=val_files,
-            model_dir=model_dir, reward_file=reward_file, reward_function=reward_function,
-            experiment_name=experiment_name,
-        )  # fmt: skip
-    response_tokens = _round_up(RESPONSE_HEADROOM * profile.answer_tokens.get("max", 32))
+    longest_answer = profile.answer_tokens.get("max", 16 if pretrained else 32)
+    if pretrained:
+        response_tokens = max(32, _round_up(2 * longest_answer))
+    else:
+        response_tokens = _round_up(RESPONSE_HEADROOM * longest_answer)
+    actor = {"lr": k.lr} | ({"warmup_steps": k.warmup_steps} if k.warmup_steps is not None else {})
     recipe: dict[str, Any] = {
         "data": {
             "train_files": train_files,
             "val_files": val_files,
             "max_prompt_tokens": prompt_tokens,
-            "prompts_per_step": 32,
+            "prompts_per_step": k.prompts_per_step,
         },
         "model": {"path": str(model_dir)},
-        "rollout": {"n": 8, "temperature": 1.0, "max_response_tokens": response_tokens},
-        "actor": {
-            "lr": 3.0e-4,
-            "prompts_per_mini_batch": 32,
-            "trajectories_per_micro_batch": 64,
+        "rollout": {"n": 8, "temperature": k.temperature, "max_response_tokens": response_tokens},
+        "actor": actor
+        | {
+            "prompts_per_mini_batch": k.prompts_per_step,
+            "trajectories_per_micro_batch": k.trajectories_per_micro_batch,
             "loss_agg_mode": "token-mean",
         },
         "algorithm": {"adv_estimator": "grpo"},
-        "trainer": {"experiment_name": experiment_name, "total_steps": 60, "test_freq": 20},
+        "trainer": {
+            "experiment_name": experiment_name,
+            "total_steps": k.total_steps,
+            "test_freq": k.test_freq,
+        },
         "sft": {
-            "lr": 1.0e-3,
+            "lr": k.sft_lr,
             "lr_schedule": "constant",
-            "warmup_steps": 10,
-            # a cap: a 1M model needed 300 steps on sorting and 600 on a 200-word text task
-            # (docs/own_task.md); held-out accuracy every 100 steps ends it once 3 gain < 1 %
-            "total_steps": 1500,
-            "test_freq": 100 if val_files else 0,
+            "warmup_steps": k.sft_warmup_steps,
+            "total_steps": k.sft_total_steps,
+            "test_freq": k.sft_test_freq if val_files else 0,
             "stop_on_plateau": 3 if val_files else 0,
-            "trajectories_per_step": 64,
-            "trajectories_per_micro_batch": 64,
+            "trajectories_per_step": k.sft_per_step,
+            "trajectories_per_micro_batch": k.sft_per_step,
             "max_tokens": prompt_tokens + response_tokens,
         },
     }
-    return _with_reward(recipe, reward_file, reward_function)
-
-
-def pretrained_recipe(
-    profile: TaskProfile,
-    scale: ModelScale,
-    prompt_tokens: int,
-    *,
-    train_files: list[str],
-    val_files: list[str],
-    model_dir: Path,
-    reward_file: str,
-    reward_function: str,
-    experiment_name: str,
-) -> dict[str, Any]:
-    """recipes/grpo_smollm2_arithmetic.yaml's numbers (measured on SmolLM2-135M-Instruct, 2 CPU cores:
-    docs/benchmarks.md) for a pretrained model: learning rates of fine-tuning, not of training from
-    scratch (1e-5 below 1B parameters; 1e-6 above, verl's examples' rate for 0.5–7B models), 16
-    prompts × 8 samples a step, sampling at τ = 0.6, and room for a chat model's words around the
-    answer (at least 32 tokens, twice the longest reference answer)."""
-    lr = 1.0e-5 if scale.parameters < 1_000_000_000 else 1.0e-6
-    response_tokens = max(32, _round_up(2 * profile.answer_tokens.get("max", 16)))
-    recipe: dict[str, Any] = {
-        "data": {
-            "train_files": train_files,
-            "val_files": val_files,
-            "max_prompt_tokens": prompt_tokens,
-            "prompts_per_step": 16,
-        },
-        "model": {"path": str(model_dir)},
-        "rollout": {"n": 8, "temperature": 0.6, "max_response_tokens": response_tokens},
-        "actor": {
-            "lr": lr,
-            "warmup_steps": 0,
-            "prompts_per_mini_batch": 16,
-            "trajectories_per_micro_batch": 32,
-            "loss_agg_mode": "token-mean",
-        },
-        "algorithm": {"adv_estimator": "grpo"},
-        "trainer": {"experiment_name": experiment_name, "total_steps": 30, "test_freq": 5},
-        "sft": {
-            "lr": lr,
-            "lr_schedule": "constant",
-            "warmup_steps": 0,
-            "total_steps": 200,  # a cap; held-out accuracy every 25 steps ends it on a plateau
-            "test_freq": 25 if val_files else 0,
-            "stop_on_plateau": 3 if val_files else 0,
-            "trajectories_per_step": 16,
-            "trajectories_per_micro_batch": 16,
-            "max_tokens": prompt_tokens + response_tokens,
-        },
-    }
-    return _with_reward(recipe, reward_file, reward_function)
-
-
-def _with_reward(recipe: dict[str, Any], reward_file: str, reward_function: str) -> dict[str, Any]:
     if reward_file:
         recipe["reward"] = {"custom_function_path": reward_file, "custom_function_name": reward_function}
     return recipe
