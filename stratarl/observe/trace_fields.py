@@ -148,7 +148,7 @@ def interaction_fields(batch: DataProto) -> Columns:
 
 
 def _tool_failures(record: Mapping[str, Any], calls: Sequence[Mapping[str, Any]]) -> list[str]:
-    """"<tool>: <reason>: <message>" for each failed call (reason `timeout`, `process_exit`, … when
+    """One `<tool>: <reason>: <message>` per failed call (reason `timeout`, `process_exit`, … when
     the call did not finish, `raised` when the tool raised), then the interaction's failures."""
     failed = [
         f"{call['name']}: {call.get('failure') or 'raised'}: {call['error']}"

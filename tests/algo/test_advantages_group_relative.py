@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.advantages.group_relative import (
     gdpo_advantages,
     grpo_advantages,
     grpo_passk_advantages,
     grpo_statistics,
 )
-from stratarl.algo.advantages import get_advantage_estimator
 
 EPS = 1e-6
 

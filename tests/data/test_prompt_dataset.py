@@ -245,11 +245,15 @@ def test_the_start_line_of_a_dataset_that_lost_only_long_prompts_reads_as_one_ph
     rows = [_row("1+2" if i % 4 == 0 else "9*9*" * 20, index=i) for i in range(2000)]
     short = len(tokenize_prompt(tokenizer, [{"role": "user", "content": "1+2"}]))
     long = len(tokenize_prompt(tokenizer, [{"role": "user", "content": "9*9*" * 20}]))
-    report = load_prompt_dataset(write_rows(tmp_path / "t.parquet", rows), tokenizer, max_prompt_tokens=short).report
+    report = load_prompt_dataset(
+        write_rows(tmp_path / "t.parquet", rows), tokenizer, max_prompt_tokens=short
+    ).report
     assert report.start_line() == (
         f"dropped 1,500 of 2,000 prompts over data.max_prompt_tokens={short} (longest {long} tokens)"
     )
-    kept = load_prompt_dataset(write_rows(tmp_path / "k.parquet", rows[::4]), tokenizer, max_prompt_tokens=short)
+    kept = load_prompt_dataset(
+        write_rows(tmp_path / "k.parquet", rows[::4]), tokenizer, max_prompt_tokens=short
+    )
     assert kept.report.start_line() == (
         f"kept all 500 prompts (longest {short} tokens, data.max_prompt_tokens={short})"
     )

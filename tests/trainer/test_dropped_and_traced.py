@@ -150,7 +150,9 @@ def test_a_scorer_failure_reason_is_in_the_trace_row_and_its_view(run):
     assert failed and scored
     for row in failed:
         message = row["reward_failure_message"]
-        assert row["reward_failure"] == "ValueError" and re.fullmatch(r"planted: cannot read \d+ characters", message)
+        assert row["reward_failure"] == "ValueError" and re.fullmatch(
+            r"planted: cannot read \d+ characters", message
+        )
         answers = {a.question: dict(a.lines) for a in ten_answers(row)}
         assert answers["reward"]["scorer failed"] == f"ValueError: {message}"
     assert all(r["reward_failure_message"] == "" for r in scored)

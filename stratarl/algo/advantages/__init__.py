@@ -3,7 +3,8 @@
 Every estimator is a plain function returning (advantages [N, T], returns [N, T]). Its entry in
 `ADVANTAGE_ESTIMATORS` says which batch fields it reads and which hyper-parameters it takes, so
 the trainer can check the batch and pass exactly those; where an entry has `statistics`, that
-function returns the per-row numbers the estimator computed the advantage from (for the trace). Names are verl's `algorithm.adv_estimator`.
+function returns the per-row numbers the estimator computed the advantage from (for the
+trace). Names are verl's `algorithm.adv_estimator`.
 """
 
 from __future__ import annotations
@@ -78,9 +79,7 @@ class AdvantageEstimator:
 _OUTCOME = frozenset({"token_level_rewards", "response_mask"})
 _GROUPED = _OUTCOME | {"group"}
 _NORMALIZED = frozenset({"norm_adv_by_std", "eps"})
-_GRPO = AdvantageEstimator(
-    grpo_advantages, _GROUPED, hyperparameters=_NORMALIZED, statistics=grpo_statistics
-)
+_GRPO = AdvantageEstimator(grpo_advantages, _GROUPED, hyperparameters=_NORMALIZED, statistics=grpo_statistics)
 _OTB_INPUTS = _GROUPED | {"old_log_prob", "sum_pi_squared"}
 _OTB_HYPERPARAMETERS = frozenset({"handle_zero_tail", "eps"})
 
