@@ -296,7 +296,7 @@ class RLTrainer:
                         raise
                     # failed after Ctrl-C (a process that took the signal too): nothing of it is kept
                     raise StopRequested(step - 1, can_save=False) from None
-                if step == start + 1:  # so that readers of train records see the data counts too
+                if step == 1:  # so that readers of train records see the data counts too
                     metrics = {**self.data_counts, **metrics}
                 self.log.log_metrics(step, metrics)
                 self.log.print_step(step, self.total_steps, metrics)
@@ -333,9 +333,10 @@ class RLTrainer:
         )
 
     def record_datasets(self, step: int) -> dict[str, float]:
-        """What loading left out, before the first step of this start: a console line per split, the
-        `data/*` counts (`data/val/*` for the validation set) in metrics.jsonl at `step` (phase
-        "data"), and every dropped row with its reason in dropped_rows.jsonl; returns the counts."""
+        """What loading left out, before the first step of this start: a console line per split, every
+        dropped row with its reason in dropped_rows.jsonl, and at step 0 the `data/*` counts
+        (`data/val/*` for the validation set) in metrics.jsonl (phase "data"; a resumed run keeps
+        that record, so its metrics stay those of a run never stopped); returns the counts."""
         splits = {"train": (self.train_set, "data"), "val": (self.val_set, "data/val")}
         metrics = {"data/prompts_unused_per_epoch": float(self.sampler.unused_per_epoch)}
         dropped: list[dict[str, Any]] = []
@@ -357,7 +358,8 @@ class RLTrainer:
                 f"[yellow]the last {self.sampler.unused_per_epoch} prompts of the file never train: "
                 "data.shuffle=false and they do not fill a batch of data.prompts_per_step[/yellow]"
             )
-        self.log.log_metrics(step, metrics, phase="data")
+        if step == 0:
+            self.log.log_metrics(step, metrics, phase="data")
         return metrics
 
     def validates(self, step: int) -> bool:
