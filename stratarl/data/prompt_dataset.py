@@ -2,13 +2,16 @@
 
 Each kept row becomes a `PromptItem` that carries its prompt token ids and everything a trace
 needs to find it again (file, split, row index). Rows that break the schema or whose template
-fails are skipped and reported one line per problem, with the number of rows it affects and the
-first few of them; prompts longer than `max_prompt_tokens` are dropped and counted (verl keeps
-length <= max_prompt_length). Nothing here crashes on one bad row.
+fails are skipped (`malformed`) and reported one line per problem, with the number of rows it
+affects and the first few of them; prompts longer than `max_prompt_tokens` are dropped (`too_long`;
+verl keeps length <= max_prompt_length). Every row left out is a `DroppedRow` with its reason, and
+the report's `metrics()` and `start_line()` count them: nothing is discarded silently, and nothing
+here crashes on one bad row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ from stratarl.data.schema import RowError, check_row, read_rows
 
 logger = logging.getLogger(__name__)
 MAX_PROBLEM_LINES = 10  # distinct problems listed; the rest are counted
+DROP_REASONS = ("too_long", "malformed")  # why a row is left out: over max_prompt_tokens, off-schema
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,27 @@ class RowProblem:
         return f"{self.reason}: {self.count} row{'s' if self.count != 1 else ''} ({where}{more}{value})"
 
 
+@dataclass(frozen=True)
+class DroppedRow:
+    """One row that loading left out: where it is, why (`DROP_REASONS`), and what it measured."""
+
+    file: str
+    row: int  # row index inside `file`
+    reason: str  # too_long | malformed
+    detail: str  # the length against the limit, or the schema problem with the value found
+    data_source: str | None  # None when the row has no usable data_source
+    prompt_tokens: int | None  # after the chat template; None when the row never got that far
+
+    def record(self, split: str) -> dict[str, Any]:
+        """One line of the run's dropped_rows.jsonl (`split`: train or val)."""
+        return {"split": split, **dataclasses.asdict(self)}
+
+
 @dataclass
 class DatasetReport:
     """What loading did: rows read, kept, dropped as over-long, skipped as malformed — one
-    `RowProblem` per problem, its rows counted and the first `rows_shown` listed."""
+    `RowProblem` per problem, its rows counted and the first `rows_shown` listed — and every row
+    left out as a `DroppedRow`."""
 
     files: list[str]
     max_prompt_tokens: int
@@ -71,15 +92,61 @@ class DatasetReport:
     num_overlong: int = 0
     num_malformed: int = 0
     longest_kept_tokens: int = 0
+    longest_prompt_tokens: int = 0  # of every templated prompt, dropped ones included
     problems: dict[str, RowProblem] = field(default_factory=dict)  # by reason, in order of first row
+    dropped: list[DroppedRow] = field(default_factory=list)  # in file and row order
     rows_shown: int = 5
 
-    def add_problem(self, file: str, row: int, error: RowError) -> None:
+    def add_problem(self, file: str, row: int, error: RowError, data_source: str | None = None) -> None:
         self.num_malformed += 1
         problem = self.problems.setdefault(error.problem, RowProblem(error.problem, first_value=error.found))
         problem.count += 1
         if len(problem.rows) < self.rows_shown:
             problem.rows.append((file, row))
+        self.dropped.append(DroppedRow(file, row, "malformed", str(error), data_source, None))
+
+    def add_overlong(self, file: str, row: int, item: PromptItem) -> None:
+        self.num_overlong += 1
+        tokens = len(item.prompt_ids)
+        detail = f"{tokens} prompt tokens > max_prompt_tokens={self.max_prompt_tokens}"
+        self.dropped.append(DroppedRow(file, row, "too_long", detail, item.data_source, tokens))
+
+    @property
+    def num_dropped(self) -> int:
+        return self.num_overlong + self.num_malformed
+
+    def dropped_by_reason(self) -> dict[str, int]:
+        return {"too_long": self.num_overlong, "malformed": self.num_malformed}
+
+    def metrics(self, prefix: str = "data") -> dict[str, float]:
+        """`<prefix>/prompts_dropped` (all reasons), `<prefix>/prompts_dropped/<reason>` for every
+        reason (0 included), `<prefix>/prompts_kept` and `<prefix>/longest_prompt_tokens` (dropped
+        prompts included: the number to compare with max_prompt_tokens)."""
+        out = {
+            f"{prefix}/prompts_dropped": float(self.num_dropped),
+            f"{prefix}/prompts_kept": float(self.num_kept),
+            f"{prefix}/longest_prompt_tokens": float(self.longest_prompt_tokens),
+        }
+        return out | {f"{prefix}/prompts_dropped/{r}": float(n) for r, n in self.dropped_by_reason().items()}
+
+    def start_line(self, what: str = "prompts", limit_key: str = "data.max_prompt_tokens") -> str:
+        """One line for the start of a run, e.g. "dropped 1,500 of 2,000 prompts over
+        data.max_prompt_tokens=64 (longest 211 tokens)", with "; 3 malformed (prompt has no
+        messages: 3)" when rows broke the schema; `limit_key` names the setting of the limit."""
+        longest = f"longest {self.longest_prompt_tokens:,} tokens"
+        limit = f"{limit_key}={self.max_prompt_tokens:,}"
+        if not self.num_dropped:
+            return f"kept all {self.num_kept:,} {what} ({longest}, {limit})"
+        parts = [f"{self.num_overlong:,} over {limit} ({longest})"] if self.num_overlong else []
+        if self.num_malformed:
+            shown = list(self.problems.values())[:3]
+            reasons = ", ".join(f"{p.reason}: {p.count:,}" for p in shown)
+            more = ", …" if len(self.problems) > len(shown) else ""
+            parts.append(f"{self.num_malformed:,} malformed ({reasons}{more})")
+        head = f"dropped {self.num_dropped:,} of {self.num_rows:,} {what}"
+        if not self.num_malformed:  # the common case reads as one phrase
+            return f"{head} over {limit} ({longest})"
+        return f"{head}: " + "; ".join(parts) + ("" if self.num_overlong else f" ({longest})")
 
     def summary(self) -> str:
         lines = [
@@ -110,6 +177,12 @@ class PromptDataset:
 
     def __getitem__(self, index: int) -> PromptItem:
         return self.items[index]
+
+    def metrics(self, prefix: str = "data") -> dict[str, float]:
+        """The report's counts (`DatasetReport.metrics`), and `<prefix>/prompts_unsampled`: rows that
+        passed the filters but are not in this dataset (a seeded subsample, data.max_*_prompts)."""
+        unsampled = float(self.report.num_kept - len(self.items))
+        return self.report.metrics(prefix) | {f"{prefix}/prompts_unsampled": unsampled}
 
 
 def tokenize_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
@@ -153,8 +226,10 @@ def load_prompt_dataset(
             try:
                 item = _item_from_row(row, tokenizer, file, row_index, prompt_key, data_source_key)
             except RowError as err:
-                report.add_problem(file, row_index, err)
+                source = row.get(data_source_key)
+                report.add_problem(file, row_index, err, source if isinstance(source, str) else None)
                 continue
+            report.longest_prompt_tokens = max(report.longest_prompt_tokens, len(item.prompt_ids))
             if len(item.prompt_ids) > max_prompt_tokens:
                 if not filter_overlong:
                     raise ValueError(
@@ -162,7 +237,7 @@ def load_prompt_dataset(
                         f"chat template, over data.max_prompt_tokens={max_prompt_tokens} (with "
                         "data.filter_overlong=false an over-long prompt is an error; true drops it)"
                     )
-                report.num_overlong += 1
+                report.add_overlong(file, row_index, item)
                 continue
             report.longest_kept_tokens = max(report.longest_kept_tokens, len(item.prompt_ids))
             items.append(item)

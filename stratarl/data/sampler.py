@@ -45,6 +45,12 @@ class PromptSampler:
         full, rest = divmod(self.num_items, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
+    @property
+    def unused_per_epoch(self) -> int:
+        """Prompts an epoch leaves out (drop_last: the last num_items % batch_size of its order; the
+        same rows every epoch when not shuffled)."""
+        return self.num_items % self.batch_size if self.drop_last else 0
+
     def epoch_order(self, epoch: int) -> np.ndarray:
         """[num_items] the order in which epoch `epoch` visits the dataset."""
         if not self.shuffle:

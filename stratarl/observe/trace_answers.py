@@ -102,6 +102,7 @@ def ten_answers(row: dict[str, Any]) -> list[Answer]:
             ("extras", _extras_text(row.get("reward_extras"))),
             ("ground truth", str(_load(row.get("ground_truth"), None))),
             ("on token", f"response position {row.get('reward_token')} (the last action token)"),
+            *_failure_lines(row),
         ],
         _advantage_lines(row),
         _optimization_lines(row),
@@ -121,6 +122,15 @@ def _extras_text(value: Any) -> str:
     return ", ".join(f"{k}={_num(v)}" for k, v in extras.items()) or "—"
 
 
+def _failure_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """Why the scorer failed on this row (its reason and message); nothing when it scored."""
+    reason = row.get("reward_failure")
+    if not reason:
+        return []
+    message = row.get("reward_failure_message") or ""
+    return [("scorer failed", f"{reason}: {message}" if message else str(reason))]
+
+
 def _turn_lines(turns: list[dict[str, Any]], row: dict[str, Any]) -> list[tuple[str, str]]:
     lines = []
     for i, turn in enumerate(turns):
@@ -136,6 +146,7 @@ def _turn_lines(turns: list[dict[str, Any]], row: dict[str, Any]) -> list[tuple[
             )
         for error in turn.get("parse_errors", []):
             lines.append(("  parse error", str(error)))
+    lines += [("failure", str(failure)) for failure in _load(row.get("tool_failures"), [])]
     summary = f"{row.get('tool_calls', 0)} tool calls, {row.get('tool_errors', 0)} failed, "
     summary += f"{row.get('parse_failures', 0)} parse failures; num_turns {row.get('num_turns')}"
     return [*lines, ("summary", summary)]
@@ -155,15 +166,35 @@ def _advantage_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
         (
             "group",
             f"{row.get('group_size')} trajectories, reward mean {_num(row.get('group_reward_mean'))}, "
-            f"std {_num(row.get('group_reward_std'))}"
+            f"std {_num(row.get('group_reward_std'))} (unbiased, n−1)"
             + ("" if row.get("group_has_signal") else " — no variance: a group-relative advantage is 0"),
         ),
+        *_estimator_lines(row),
         ("reward after shaping", _num(row.get("reward_shaped"))),
         ("return (mean)", _num(row.get("return_mean"))),
     ]
     if row.get("value_mean") is not None:
         lines.append(("value (mean)", _num(row.get("value_mean"))))
     return lines
+
+
+def _estimator_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """The arithmetic the estimator did, with the numbers it used (7 significant digits: enough to
+    redo it by hand to float32 precision); nothing for an estimator that does not report them."""
+    if row.get("advantage_baseline") is None:
+        return []
+    score, mean = _num(row.get("advantage_score"), 7), _num(row.get("advantage_baseline"), 7)
+    advantage = _num(row.get("advantage"), 7)
+    if not row.get("advantage_std_normalized"):
+        return [("computed as", f"R − μ = {score} − {mean} = {advantage} (not divided by the std)")]
+    std, eps = _num(row.get("advantage_std"), 7), _num(row.get("advantage_eps"), 3)
+    return [
+        ("computed as", f"(R − μ) / (σ + ε) = ({score} − {mean}) / ({std} + {eps}) = {advantage}"),
+        (
+            "statistics",
+            "R: the score after shaping; μ, σ: its group's mean and unbiased std (n−1; alone: 0, 1)",
+        ),
+    ]
 
 
 def _optimization_lines(row: dict[str, Any]) -> list[tuple[str, str]]:

@@ -120,7 +120,8 @@ def _replicas(batch: DataProto) -> list[int | None]:
 
 def interaction_fields(batch: DataProto) -> Columns:
     """Q5 every turn: generated spans, tool calls (name, arguments, result, latency, error), parse
-    errors and observations; a single-turn trajectory is one assistant turn."""
+    errors and observations, and `tool_failures` (JSON list: why each failed call or interaction
+    failed); a single-turn trajectory is one assistant turn."""
     if "agent_record" not in batch:
         lengths = response_lengths(batch)
         turns = [[{"role": "assistant", "span": [0, length], "tool_calls": []}] for length in lengths]
@@ -130,6 +131,7 @@ def interaction_fields(batch: DataProto) -> Columns:
             "turns": [to_json(t) for t in turns],
             "tool_calls": [0] * len(batch),
             "tool_errors": [0] * len(batch),
+            "tool_failures": [to_json([])] * len(batch),
             "parse_failures": [0] * len(batch),
         }
     records = list(batch["agent_record"])
@@ -140,8 +142,20 @@ def interaction_fields(batch: DataProto) -> Columns:
         "turns": [to_json(r["turns"]) for r in records],
         "tool_calls": [len(c) for c in calls],
         "tool_errors": [sum(call["error"] is not None for call in c) for c in calls],
+        "tool_failures": [to_json(_tool_failures(r, c)) for r, c in zip(records, calls, strict=True)],
         "parse_failures": [sum(bool(t["parse_errors"]) for t in r["turns"]) for r in records],
     }
+
+
+def _tool_failures(record: Mapping[str, Any], calls: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One `<tool>: <reason>: <message>` per failed call (reason `timeout`, `process_exit`, … when
+    the call did not finish, `raised` when the tool raised), then the interaction's failures."""
+    failed = [
+        f"{call['name']}: {call.get('failure') or 'raised'}: {call['error']}"
+        for call in calls
+        if call["error"] is not None
+    ]
+    return failed + [m for m in record.get("failures", []) if str(m).startswith("interaction")]
 
 
 def mask_spans(action: Sequence[int], real: Sequence[int]) -> list[list[Any]]:
@@ -167,33 +181,44 @@ def mask_fields(batch: DataProto) -> Columns:
 
 # --- question 7: reward -------------------------------------------------------------------------
 def reward_fields(
-    batch: DataProto, *, sources: Sequence[str], extras: Mapping[str, Sequence[Any]] | None = None
+    batch: DataProto,
+    *,
+    sources: Sequence[str],
+    extras: Mapping[str, Sequence[Any]] | None = None,
+    failure_messages: Sequence[str] | None = None,
 ) -> Columns:
     """Q7 where the reward came from (`sources`, one per row), its value, the scorer's extra outputs,
-    the ground truth, and the response token it sits on (the last action token; None if none)."""
+    the ground truth, the response token it sits on (the last action token; None if none), and why
+    the scorer failed on the row: `reward_failure` (the reason: the exception's class, `timeout`,
+    `bad_return`, …; "" when scored) and `reward_failure_message` (the exception's text)."""
     scores = batch["token_level_scores"]
     nonzero = [torch.nonzero(row).flatten().tolist() for row in batch["response_mask"]]
     n = len(batch)
     extras = extras or {}
+    reasons = [str(r) for r in batch["reward_failure"]] if "reward_failure" in batch else [""] * n
+    messages = list(failure_messages) if failure_messages else [""] * n
     return {
         "reward_source": list(sources),
         "reward": scores.sum(-1).tolist(),
         "reward_extras": [to_json({k: v[i] for k, v in extras.items()}) for i in range(n)],
         "ground_truth": [to_json(g) for g in batch["ground_truth"]],
         "reward_token": [positions[-1] if positions else None for positions in nonzero],
+        "reward_failure": reasons,
+        "reward_failure_message": [m if r else "" for r, m in zip(reasons, messages, strict=True)],
     }
 
 
 # --- questions 8-9: advantage, log-probs, the update --------------------------------------------
 def group_statistics(scores: Sequence[float], uids: Sequence[str]) -> Columns:
-    """Per row, its group's size, reward mean and (population) std, and whether the rewards differ."""
+    """Per row, its group's size, reward mean and unbiased std (n − 1, as the group-relative
+    estimators use; 0 for a group of one), and whether the rewards differ."""
     groups: dict[str, list[float]] = {}
     for uid, score in zip(uids, scores, strict=True):
         groups.setdefault(uid, []).append(score)
     stats = {}
     for uid, values in groups.items():
         mean = sum(values) / len(values)
-        std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+        std = (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
         stats[uid] = (len(values), mean, std, max(values) > min(values))
     return {
         "group_size": [stats[u][0] for u in uids],
@@ -219,6 +244,26 @@ def advantage_fields(batch: DataProto, estimator: str) -> Columns:
     }
     uids = [str(u) for u in batch["uid"]]
     return columns | group_statistics(batch["token_level_scores"].sum(-1).tolist(), uids)
+
+
+ESTIMATOR_COLUMNS = ("advantage_score", "advantage_baseline", "advantage_std", "advantage_eps")
+
+
+def estimator_fields(statistics: Mapping[str, Any] | None, n: int) -> Columns:
+    """Q8 the numbers the estimator computed Â from (its `statistics`, right after the advantage
+    phase): the score R it read (after KL shaping), the baseline μ and the std σ it divided by (None
+    when it did not divide), ε and whether it normalised, so that (R − μ) / (σ + ε) is the
+    advantage shown. All None for an estimator that does not report them."""
+    if statistics is None:
+        return {name: [None] * n for name in (*ESTIMATOR_COLUMNS, "advantage_std_normalized")}
+    divides = bool(statistics["norm_adv_by_std"])
+    return {
+        "advantage_score": [float(v) for v in statistics["score"].tolist()],
+        "advantage_baseline": [float(v) for v in statistics["mean"].tolist()],
+        "advantage_std": [float(v) for v in statistics["std"].tolist()] if divides else [None] * n,
+        "advantage_eps": [float(statistics["eps"])] * n,
+        "advantage_std_normalized": [divides] * n,
+    }
 
 
 def log_prob_fields(batch: DataProto) -> Columns:

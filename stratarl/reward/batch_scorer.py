@@ -37,6 +37,7 @@ class RewardResult:
         `process_crash`, `pool_broken`.
     failure_examples: the first few failures as "sample i: reason: message", for logs.
     sample_failures: [N] each sample's reason, None where it was scored.
+    sample_messages: [N] each failed sample's message (the exception's text, the deadline), "" else.
     data_sources: [N] each sample's data source (failures are counted per source too).
     output_bytes: what the scorers printed in all (worker processes count it; in-process: 0).
     capped_outputs: calls that printed more than the per-call cap kept.
@@ -47,6 +48,7 @@ class RewardResult:
     failures: dict[str, int] = field(default_factory=dict)
     failure_examples: list[str] = field(default_factory=list)
     sample_failures: list[str | None] = field(default_factory=list)
+    sample_messages: list[str] = field(default_factory=list)
     data_sources: list[str] = field(default_factory=list)
     output_bytes: int = 0
     capped_outputs: int = 0
@@ -135,6 +137,7 @@ def collect_outcomes(
         dict(failures),
         examples,
         sample_failures=[o.reason for o in outcomes],
+        sample_messages=[o.message if o.reason is not None else "" for o in outcomes],
         data_sources=[str(s) for s in data_sources],
         output_bytes=sum(o.output_bytes for o in outcomes),
         capped_outputs=capped,

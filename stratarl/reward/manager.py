@@ -213,9 +213,16 @@ def _merge_failures(result: RewardResult, other: RewardResult, *, prefix: str) -
         mine if mine is not None else (prefix + theirs if theirs is not None else None)
         for mine, theirs in zip(result.sample_failures, other.sample_failures, strict=True)
     ]
+    messages = [  # the message of the failure a sample keeps
+        mine_text if mine is not None else theirs_text
+        for mine, mine_text, theirs_text in zip(
+            result.sample_failures, result.sample_messages, other.sample_messages, strict=True
+        )
+    ]
     return dataclasses.replace(
         result,
         failures=failures,
         failure_examples=[*result.failure_examples, *other.failure_examples][:6],
         sample_failures=samples,
+        sample_messages=messages,
     )

@@ -192,8 +192,7 @@ def advantage(
         column = ESTIMATOR_ARGUMENT_FIELDS.get(name, name)
         if column in batch:
             fields[name] = batch[column]
-    accepted = {k: v for k, v in hyperparameters.items() if k in entry.hyperparameters and v is not None}
-    advantages, returns = entry(fields, **accepted)
+    advantages, returns = entry(fields, **entry.accepted(hyperparameters))
     mask = batch["response_mask"].to(advantages.dtype)
     batch = batch.union(
         DataProto.from_dict(

@@ -48,6 +48,8 @@ from stratarl.trainer.step_settings import StepSettings
 from stratarl.trainer.tracing import StepTracer
 from stratarl.trainer.validation import record_validation, run_validation
 
+DROPPED_ROWS = "dropped_rows.jsonl"  # in the run directory: one line per row loading left out
+
 
 class RLTrainer:
     """RL training of one policy (GRPO family, PPO with GAE and a critic), in one process or on Ray."""
@@ -216,6 +218,7 @@ class RLTrainer:
         write_placement(self.run_dir, self.worker, self.critic)
         start, run_start = self.resume(), time.perf_counter()
         self.last_done = start
+        self.data_counts = self.record_datasets(start)
         self.batches = training_modes.build_batch_source(
             self.cfg,
             self.step,
@@ -285,6 +288,8 @@ class RLTrainer:
                         raise
                     # failed after Ctrl-C (a process that took the signal too): nothing of it is kept
                     raise StopRequested(step - 1, can_save=False) from None
+                if step == 1:  # so that readers of train records see the data counts too
+                    metrics = {**self.data_counts, **metrics}
                 self.log.log_metrics(step, metrics)
                 self.log.print_step(step, self.total_steps, metrics)
                 progress.advance(step)
@@ -318,6 +323,36 @@ class RLTrainer:
         return interruption.stopped_line(
             step=step, total=self.total_steps, saved=saved, save_freq=self.cfg.trainer.save_freq
         )
+
+    def record_datasets(self, step: int) -> dict[str, float]:
+        """What loading left out, before the first step of this start: a console line per split, every
+        dropped row with its reason in dropped_rows.jsonl, and at step 0 the `data/*` counts
+        (`data/val/*` for the validation set) in metrics.jsonl (phase "data"; a resumed run keeps
+        that record, so its metrics stay those of a run never stopped); returns the counts."""
+        splits = {"train": (self.train_set, "data"), "val": (self.val_set, "data/val")}
+        metrics = {"data/prompts_unused_per_epoch": float(self.sampler.unused_per_epoch)}
+        dropped: list[dict[str, Any]] = []
+        for split, (dataset, prefix) in splits.items():
+            if dataset is None:
+                continue
+            metrics |= dataset.metrics(prefix)
+            dropped += [row.record(split) for row in dataset.report.dropped]
+            style = "yellow" if dataset.report.num_dropped else "dim"
+            self.log.console.print(f"[{style}]{split} data: {escape(dataset.report.start_line())}[/{style}]")
+        path = self.run_dir / DROPPED_ROWS
+        if dropped:
+            self.log.write_jsonl(path, dropped)
+            self.log.console.print(f"[dim]dropped rows and their reasons: {path}[/dim]")
+        else:
+            path.unlink(missing_ok=True)  # a previous start's list no longer holds
+        if not self.cfg.data.shuffle and self.sampler.unused_per_epoch:
+            self.log.console.print(
+                f"[yellow]the last {self.sampler.unused_per_epoch} prompts of the file never train: "
+                "data.shuffle=false and they do not fill a batch of data.prompts_per_step[/yellow]"
+            )
+        if step == 0:
+            self.log.log_metrics(step, metrics, phase="data")
+        return metrics
 
     def validates(self, step: int) -> bool:
         freq = self.cfg.trainer.test_freq

@@ -240,6 +240,7 @@ class RLStep:
                 kl_in_reward=self.reward_kl.penalty(),
                 component_keys=s.component_keys,
             )
+            self.tracer.after_estimator(batch, s.advantage_hyperparameters)
             self.reward_kl.observe(advantaged)
             metrics.add("advantage", advantaged)
             if s.resampling is not None:  # inside `adv`, as in verl's compute_advantage

@@ -4,7 +4,8 @@ knows about every traced trajectory (`observe.trace_fields`), one parquet file p
     tracer.begin(step)
     batch = generate(...);         tracer.after_rollout(batch, sampling, seed)   # Q1-Q6
     batch = reward(...);           tracer.after_reward(batch, result)            # Q7
-    batch = log-probs, advantage;  tracer.after_advantage(batch)                 # Q8, Q9 before
+    batch = log-probs, advantage;  tracer.after_estimator(batch, hyperparameters)  # Q8: μ, σ, ε
+                                   tracer.after_advantage(batch)                 # Q8, Q9 before
     update_actor(batch with row_id);  tracer.after_update(batch, row_stats, v)  # Q9 new, Q10
     tracer.end()
 
@@ -14,13 +15,15 @@ With trace.enable=false every call returns at once and the batch is never touche
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from stratarl.algo.advantages import get_advantage_estimator
+from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.rollout_correction.diagnostics import rollout_corr_metrics
 from stratarl.config import RunConfig
 from stratarl.observe import trace_fields as fields
@@ -110,9 +113,24 @@ class StepTracer:
             return
         sources = [self.describe_reward(str(d)) for d in batch["data_source"]]
         extras = result.extra if result is not None else None
-        self.current.add(
-            fields.trajectory_ids(batch), fields.reward_fields(batch, sources=sources, extras=extras)
-        )
+        messages = result.sample_messages if result is not None else None
+        columns = fields.reward_fields(batch, sources=sources, extras=extras, failure_messages=messages)
+        self.current.add(fields.trajectory_ids(batch), columns)
+
+    def after_estimator(self, batch: DataProto, hyperparameters: Mapping[str, Any]) -> None:
+        """Q8's statistics, right after the advantage phase (before any resampling of its rows):
+        what the estimator computed each advantage from, by the estimator's own `statistics` on the
+        inputs and hyper-parameters `phases.advantage` gave it."""
+        if self.current is None:
+            return
+        entry = get_advantage_estimator(self.estimator)
+        inputs = {
+            "token_level_rewards": batch["token_level_rewards"],
+            "response_mask": batch["response_mask"],
+            "group": group_ids_from_uids(batch["uid"]),
+        }
+        statistics = entry.explain(inputs, **entry.accepted(hyperparameters)) if entry.statistics else None
+        self.current.add(fields.trajectory_ids(batch), fields.estimator_fields(statistics, len(batch)))
 
     def after_advantage(self, batch: DataProto) -> None:
         """Q8 and the log-prob half of Q9, on the rows that will be trained."""

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.advantages.group_relative import (
     gdpo_advantages,
     grpo_advantages,
     grpo_passk_advantages,
+    grpo_statistics,
 )
 
 EPS = 1e-6
@@ -178,3 +180,21 @@ def test_gdpo_one_component_is_whitened_grpo_and_bad_weights_raise():
         gdpo_advantages([rewards.sum(-1)], mask, group, weights=[1.0, 2.0])
     with pytest.raises(ValueError, match="component_scores\\[0\\]"):
         gdpo_advantages([torch.zeros(3)], mask, group)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_grpo_statistics_are_the_numbers_the_advantage_was_computed_from(norm):
+    # Group 0 as above: μ = 0.5, σ = 0.57735 (unbiased, not the population 0.5); the lone row: μ 0, σ 1.
+    rewards, mask = _outcome_batch([1.0, 0.0, 0.0, 1.0, 2.0], [3, 1, 2, 3, 2], 3)
+    group = torch.tensor([0, 0, 0, 0, 1])
+    stats = get_advantage_estimator("grpo").explain(
+        {"token_level_rewards": rewards, "response_mask": mask, "group": group}, norm_adv_by_std=norm
+    )
+    assert stats["eps"] == EPS and stats["norm_adv_by_std"] is norm
+    torch.testing.assert_close(stats["mean"], torch.tensor([0.5] * 4 + [0.0], dtype=torch.float64))
+    torch.testing.assert_close(stats["std"], torch.tensor([1 / 3**0.5] * 4 + [1.0], dtype=torch.float64))
+    advantages, _ = grpo_advantages(rewards, mask, group, norm_adv_by_std=norm)
+    by_hand = stats["score"] - stats["mean"]
+    by_hand = by_hand / (stats["std"] + stats["eps"]) if norm else by_hand
+    torch.testing.assert_close(advantages[:, 0], by_hand, atol=0, rtol=0)  # the same arithmetic, exactly
+    assert grpo_statistics(rewards, mask, group)["std"][0] != pytest.approx(0.5)  # not the population std

@@ -196,3 +196,65 @@ def test_an_overlong_prompt_is_an_error_naming_file_and_row_without_filter_overl
     assert len(load_prompt_dataset(path, tokenizer, max_prompt_tokens=12)) == 1  # dropped, counted
     with pytest.raises(ValueError, match=r"mixed\.parquet row 1: the prompt has \d+ tokens.*filter_overlong"):
         load_prompt_dataset(path, tokenizer, max_prompt_tokens=12, filter_overlong=False)
+
+
+def test_every_dropped_row_is_counted_with_its_reason_row_and_length(tmp_path, tokenizer):
+    """Three quarters over the limit and two off-schema rows: the counts, the start-up line and each
+    row's reason are what a user reads (metrics.jsonl, the console, dropped_rows.jsonl)."""
+    rows = [_row("1+2" if i % 4 == 0 else "9*9*" * 20, index=i) for i in range(40)]
+    rows[5] = {**_row("x"), "prompt": []}  # malformed; it would have been over the limit
+    rows[6] = {**_row("x"), "data_source": None}
+    path = write_rows(tmp_path / "train.parquet", rows)
+    short = len(tokenize_prompt(tokenizer, [{"role": "user", "content": "1+2"}]))
+    long = len(tokenize_prompt(tokenizer, [{"role": "user", "content": "9*9*" * 20}]))
+    dataset = load_prompt_dataset(path, tokenizer, max_prompt_tokens=short + 1)
+    report = dataset.report
+
+    # 10 short rows kept (i % 4 == 0); 28 long ones dropped as too long, rows 5 and 6 as malformed
+    assert len(dataset) == 10
+    assert dataset.metrics() == {
+        "data/prompts_dropped": 30.0,
+        "data/prompts_kept": 10.0,
+        "data/longest_prompt_tokens": float(long),
+        "data/prompts_dropped/too_long": 28.0,
+        "data/prompts_dropped/malformed": 2.0,
+        "data/prompts_unsampled": 0.0,
+    }
+    assert report.start_line() == (
+        f"dropped 30 of 40 prompts: 28 over data.max_prompt_tokens={short + 1} (longest {long} tokens); "
+        "2 malformed (prompt has no messages: 1, data_source is missing (null): 1)"
+    )
+    by_row = {dropped.row: dropped for dropped in report.dropped}
+    assert sorted(by_row) == [i for i in range(40) if i % 4 != 0]
+    assert by_row[1].record("train") == {
+        "split": "train",
+        "file": str(path),
+        "row": 1,
+        "reason": "too_long",
+        "detail": f"{long} prompt tokens > max_prompt_tokens={short + 1}",
+        "data_source": "arithmetic",
+        "prompt_tokens": long,
+    }
+    assert (by_row[5].reason, by_row[5].detail, by_row[5].data_source) == (
+        "malformed", "prompt has no messages", "arithmetic"
+    )  # fmt: skip
+    assert (by_row[6].reason, by_row[6].data_source, by_row[6].prompt_tokens) == ("malformed", None, None)
+
+
+def test_the_start_line_of_a_dataset_that_lost_only_long_prompts_reads_as_one_phrase(tmp_path, tokenizer):
+    rows = [_row("1+2" if i % 4 == 0 else "9*9*" * 20, index=i) for i in range(2000)]
+    short = len(tokenize_prompt(tokenizer, [{"role": "user", "content": "1+2"}]))
+    long = len(tokenize_prompt(tokenizer, [{"role": "user", "content": "9*9*" * 20}]))
+    report = load_prompt_dataset(
+        write_rows(tmp_path / "t.parquet", rows), tokenizer, max_prompt_tokens=short
+    ).report
+    assert report.start_line() == (
+        f"dropped 1,500 of 2,000 prompts over data.max_prompt_tokens={short} (longest {long} tokens)"
+    )
+    kept = load_prompt_dataset(
+        write_rows(tmp_path / "k.parquet", rows[::4]), tokenizer, max_prompt_tokens=short
+    )
+    assert kept.report.start_line() == (
+        f"kept all 500 prompts (longest {short} tokens, data.max_prompt_tokens={short})"
+    )
+    assert kept.metrics()["data/prompts_dropped"] == 0.0 and kept.report.dropped == []

@@ -81,3 +81,10 @@ def test_bad_sizes_are_refused():
         PromptSampler(3, batch_size=4, seed=0)
     with pytest.raises(ValueError, match="empty"):
         PromptSampler(0, batch_size=1, seed=0)
+
+
+def test_unused_per_epoch_counts_the_prompts_drop_last_leaves_out():
+    sampler = PromptSampler(10, batch_size=4, seed=0, shuffle=False)
+    seen = {i for _ in range(sampler.batches_per_epoch) for i in sampler.next_batch()}
+    assert sampler.unused_per_epoch == 10 - len(seen) == 2  # rows 8 and 9, every epoch (no shuffle)
+    assert PromptSampler(10, batch_size=4, seed=0, drop_last=False).unused_per_epoch == 0

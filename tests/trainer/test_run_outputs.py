@@ -26,7 +26,7 @@ def test_tensorboard_and_wandb_mirror_metrics_jsonl_by_global_step(task, tmp_pat
     RLTrainer(cfg, tmp_path / "run").fit()
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     train = [r for r in records if r["phase"] == "train"]
-    assert [r["phase"] for r in records] == ["val", "train", "val", "train", "val"]
+    assert [r["phase"] for r in records] == ["data", "val", "train", "val", "train", "val"]
     # the step counter is the step, not the number of records so far (3 validations ran)
     assert [r["training/global_step"] for r in train] == [1.0, 2.0]
 

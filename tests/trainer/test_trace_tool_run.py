@@ -81,6 +81,8 @@ def test_the_trace_of_a_tool_trajectory_answers_the_ten_questions(traced_run):
     call = next(c for t in turns for c in t["tool_calls"])
     assert call["name"] == "calculator" and {"arguments", "result", "duration_s", "error"} <= call.keys()
     assert row["num_turns"] == record["num_turns"] >= 3
+    failed_calls = [c for t in turns for c in t["tool_calls"] if c["error"] is not None]
+    assert len(json.loads(row["tool_failures"])) >= len(failed_calls) == row["tool_errors"]
     # 6 masks: the spans rebuild response_mask; observations are the tool turns
     spans = mask_spans(row)
     rebuilt = torch.zeros_like(batch["response_mask"][i])
@@ -104,7 +106,12 @@ def test_the_trace_of_a_tool_trajectory_answers_the_ten_questions(traced_run):
     group = [k for k in range(len(batch)) if batch["uid"][k] == batch["uid"][i]]
     group_scores = torch.stack([batch["token_level_scores"][k].sum() for k in group])
     assert row["group_reward_mean"] == pytest.approx(float(group_scores.mean()))
-    assert row["group_reward_std"] == pytest.approx(float(group_scores.std(unbiased=False)), abs=1e-6)
+    assert row["group_reward_std"] == pytest.approx(float(group_scores.std()), abs=1e-6)  # unbiased, as GRPO
+    assert row["advantage"] == pytest.approx(
+        (row["advantage_score"] - row["advantage_baseline"]) / (row["advantage_std"] + row["advantage_eps"]),
+        rel=1e-5,
+        abs=1e-6,
+    )
     # 9 optimization: old / rollout log-probs from the batch, new / ratio / clip from the update itself
     assert row["old_log_prob_mean"] == pytest.approx(masked_mean(batch["old_log_probs"][i], mask), rel=1e-5)
     assert row["rollout_log_prob_mean"] == pytest.approx(

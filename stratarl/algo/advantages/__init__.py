@@ -2,7 +2,9 @@
 
 Every estimator is a plain function returning (advantages [N, T], returns [N, T]). Its entry in
 `ADVANTAGE_ESTIMATORS` says which batch fields it reads and which hyper-parameters it takes, so
-the trainer can check the batch and pass exactly those. Names are verl's `algorithm.adv_estimator`.
+the trainer can check the batch and pass exactly those; where an entry has `statistics`, that
+function returns the per-row numbers the estimator computed the advantage from (for the
+trace). Names are verl's `algorithm.adv_estimator`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from stratarl.algo.advantages.group_baseline import (
     rloo_advantages,
     rloo_vectorized_advantages,
 )
-from stratarl.algo.advantages.group_relative import gdpo_advantages, grpo_advantages, grpo_passk_advantages
+from stratarl.algo.advantages.group_relative import (
+    gdpo_advantages,
+    grpo_advantages,
+    grpo_passk_advantages,
+    grpo_statistics,
+)
 from stratarl.algo.advantages.optimal_token_baseline import (
     optimal_token_baseline_advantages,
     tir_optimal_token_baseline_advantages,
@@ -38,9 +45,24 @@ class AdvantageEstimator:
     inputs: frozenset[str]  # batch fields that must be present
     optional_inputs: frozenset[str] = frozenset()  # batch fields passed when present
     hyperparameters: frozenset[str] = frozenset()  # keyword arguments with verl's defaults
+    # Same inputs and hyper-parameters as `fn`; returns the per-row numbers Â was computed from.
+    statistics: Callable[..., dict[str, Any]] | None = None
 
     def __call__(self, batch: Mapping[str, Any], **hyperparameters: Any) -> tuple[Tensor, Tensor]:
         """Run the estimator on `batch` (any mapping of field name -> value), checking what it needs."""
+        return self.fn(**self._arguments(batch, hyperparameters))
+
+    def explain(self, batch: Mapping[str, Any], **hyperparameters: Any) -> dict[str, Any] | None:
+        """`statistics` on the same arguments as a call (None for an estimator without them)."""
+        if self.statistics is None:
+            return None
+        return self.statistics(**self._arguments(batch, hyperparameters))
+
+    def accepted(self, hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
+        """The hyper-parameters this estimator takes, without unset (None) ones: those keep the default."""
+        return {k: v for k, v in hyperparameters.items() if k in self.hyperparameters and v is not None}
+
+    def _arguments(self, batch: Mapping[str, Any], hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
         missing = sorted(self.inputs - set(batch.keys()))
         if missing:
             raise KeyError(f"{self.fn.__name__} needs batch fields {missing}, which are missing")
@@ -51,13 +73,13 @@ class AdvantageEstimator:
             )
         fields = {name: batch[name] for name in self.inputs}
         fields.update({name: batch[name] for name in self.optional_inputs if name in batch})
-        return self.fn(**fields, **hyperparameters)
+        return fields | dict(hyperparameters)
 
 
 _OUTCOME = frozenset({"token_level_rewards", "response_mask"})
 _GROUPED = _OUTCOME | {"group"}
 _NORMALIZED = frozenset({"norm_adv_by_std", "eps"})
-_GRPO = AdvantageEstimator(grpo_advantages, _GROUPED, hyperparameters=_NORMALIZED)
+_GRPO = AdvantageEstimator(grpo_advantages, _GROUPED, hyperparameters=_NORMALIZED, statistics=grpo_statistics)
 _OTB_INPUTS = _GROUPED | {"old_log_prob", "sum_pi_squared"}
 _OTB_HYPERPARAMETERS = frozenset({"handle_zero_tail", "eps"})
 

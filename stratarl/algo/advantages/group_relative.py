@@ -8,6 +8,7 @@ reward component). The scalar advantage is broadcast over the trajectory's actio
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,12 +39,37 @@ def group_normalized_scores(
     σ_g is the unbiased (Bessel) standard deviation. A group of one has no peers: it gets μ = 0 and
     σ = 1, so its advantage is R_i / (1 + ε) (or R_i), as in verl.
     """
-    is_alone = group_size(group, scores.dtype).to(scores.device) < 2
-    mean = torch.where(is_alone, torch.zeros_like(scores), group_mean(scores, group))
+    mean, std = group_normalization(scores, group)
     if not norm_adv_by_std:
         return scores - mean
-    std = torch.where(is_alone, torch.ones_like(scores), group_std(scores, group))
     return (scores - mean) / (std + eps)
+
+
+def group_normalization(scores: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:  # [N], [N]
+    """The μ_g and σ_g of `group_normalized_scores`, per row: the group's mean and unbiased std, or
+    μ = 0, σ = 1 for a group of one."""
+    is_alone = group_size(group, scores.dtype).to(scores.device) < 2
+    mean = torch.where(is_alone, torch.zeros_like(scores), group_mean(scores, group))
+    std = torch.where(is_alone, torch.ones_like(scores), group_std(scores, group))
+    return mean, std
+
+
+@torch.no_grad()
+def grpo_statistics(
+    token_level_rewards: Tensor,  # [N, T]
+    response_mask: Tensor,  # [N, T]
+    group: Tensor,  # [N] group ids
+    *,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
+) -> dict[str, Any]:
+    """What `grpo_advantages` computed each row's Â_i from, for a reader to redo it by hand:
+    `score` R_i [N], `mean` μ_g [N], `std` σ_g [N] (unbiased; 1 for a group of one), `eps` ε and
+    `norm_adv_by_std`. Â_i = (score − mean) / (std + eps), or score − mean without the division."""
+    check_grouped_outcome(token_level_rewards, response_mask, group)
+    scores = token_level_rewards.sum(dim=-1)  # [N]
+    mean, std = group_normalization(scores, group)
+    return {"score": scores, "mean": mean, "std": std, "eps": eps, "norm_adv_by_std": norm_adv_by_std}
 
 
 @torch.no_grad()
