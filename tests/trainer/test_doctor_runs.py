@@ -100,14 +100,14 @@ def test_a_live_run_with_a_half_written_line_reads_the_same(healthy, tmp_path):
     assert alarming(diagnose(view)) == []
 
 
-def test_a_reward_that_is_always_zero_is_a_data_problem(sft_task, tmp_path):
+def test_a_reward_that_is_always_zero_is_a_compute_and_environment_problem(sft_task, tmp_path):
     scorer = tmp_path / "zero.py"
     scorer.write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
     )
     findings = run(sft_task, tmp_path / "run", f"reward.custom_function_path={scorer}")
     (problem,) = [f for f in findings if f.key == "reward_constant"]
-    assert problem.severity == "problem" and problem.layer == "data"
+    assert problem.severity == "problem" and problem.layer == "compute & environment"  # the scorer
     assert "always 0" in problem.title and "ground truth" in " ".join(problem.evidence)
     assert not [f for f in findings if f.key in ("no_signal", "weak_signal")]  # explained by the reward
 
@@ -115,14 +115,14 @@ def test_a_reward_that_is_always_zero_is_a_data_problem(sft_task, tmp_path):
 def test_responses_always_truncated_are_found(sft_task, tmp_path):
     findings = run(sft_task, tmp_path / "run", "rollout.max_response_tokens=2")
     (problem,) = [f for f in findings if f.key == "truncation"]
-    assert problem.severity == "problem" and problem.layer == "data"
+    assert problem.severity == "problem" and problem.layer == "config"  # rollout.max_response_tokens
     assert "100%" in problem.title and "rollout.max_response_tokens" in problem.next_step
 
 
 def test_a_learning_rate_of_zero_is_a_flat_loss(sft_task, tmp_path):
     findings = run(sft_task, tmp_path / "run", "actor.lr=0")
     (problem,) = [f for f in findings if f.key == "flat_loss"]
-    assert problem.layer == "algorithm" and "learning rate is 0" in problem.title
+    assert problem.layer == "config" and "learning rate is 0" in problem.title
     rows = [r for rows in read_steps(tmp_path / "run", ["ratio_min", "ratio_max"]).values() for r in rows]
     assert rows and all(r["ratio_min"] == r["ratio_max"] == 1.0 for r in rows)  # the policy never moved
 
