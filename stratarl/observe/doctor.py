@@ -3,14 +3,14 @@
 The learning map's stage 5: before reading code, decide which of the six layers a failure is in
 (config, control flow, orchestration, data transport, compute & environment, RL math; the
 observer's own cost is cross-cutting). Each check (`doctor_checks`, `doctor_sampling`,
-`doctor_collapse`, `doctor_reward`, `doctor_learning`, `doctor_system`, `doctor_run_state`) looks at
-metrics.jsonl, the trace, the config, run.lock and run.json and the hang reports, and returns
-findings naming the cause, the evidence (metrics, steps, a trajectory to trace) and the next thing
-to try; where two causes share a symptom, the evidence that tells them apart. Severities:
-`problem` (the run cannot learn as configured, or stopped), `warning` (it learns worse than it
-could), `info` (where time and memory go). A healthy
-run has no problem and no warning. Works on a run still being written (a partial last line of
-metrics.jsonl is left for later; trace files appear whole).
+`doctor_collapse`, `doctor_reward`, `doctor_learning`, `doctor_system`, `doctor_resources`,
+`doctor_run_state`) looks at metrics.jsonl, the trace, the config, run.lock, run.json and the hang
+reports, and returns findings naming the cause, the evidence (metrics, steps, a trajectory to
+trace) and the next thing to try; where two causes share a symptom, the evidence that tells them
+apart. Severities: `problem` (the run cannot learn as configured, or stopped), `warning` (it learns
+worse than it could), `info` (where time and memory go). A healthy run has no problem and no
+warning. Works on a run still being written (a partial last line of metrics.jsonl is left for
+later; trace files appear whole).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rich.console import Console
 from stratarl.observe import doctor_checks as data_checks
 from stratarl.observe import doctor_collapse as collapse_checks
 from stratarl.observe import doctor_learning as learning_checks
+from stratarl.observe import doctor_resources as resource_checks
 from stratarl.observe import doctor_reward as reward_checks
 from stratarl.observe import doctor_sampling as sampling_checks
 from stratarl.observe import doctor_system as system_checks
@@ -34,6 +35,7 @@ from stratarl.observe.doctor_view import SEVERITIES, Finding, RunView, load_run
 # broken policy explains truncation and missing signal; a misconfigured EOS explains truncation).
 CHECKS = (
     system_checks.check_hangs,
+    sampling_checks.check_tokenizer_mismatch,
     data_checks.check_reward_constant,
     data_checks.check_scorer_failures,
     data_checks.check_parse_failures,
@@ -58,9 +60,9 @@ CHECKS = (
     system_checks.check_numerics,
     system_checks.check_staleness,
     system_checks.check_logprob_mismatch,
-    system_checks.check_memory,
-    system_checks.check_memory_growth,
-    system_checks.check_throughput,
+    resource_checks.check_memory,
+    resource_checks.check_memory_growth,
+    resource_checks.check_throughput,
     check_progress,
 )
 

@@ -49,6 +49,8 @@ def check_reward_constant(view: RunView, earlier: list[Finding]) -> list[Finding
     if len(values) != 1:
         return []
     value = values.pop()
+    if _had(earlier, "tokenizer_mismatch"):
+        return []  # a model reading another tokenizer's ids answers noise: that finding says why
     rows = view.trace_rows()
     evidence = [f"critic/score/min = critic/score/max = {value:g} on every step ({_steps(high)})"]
     if rows:

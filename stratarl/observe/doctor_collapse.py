@@ -82,51 +82,50 @@ def check_negative_entropy_bonus(view: RunView, earlier: list[Finding]) -> list[
     ]
 
 
-def check_policy_broken(view: RunView, earlier: list[Finding]) -> list[Finding]:
-    """The update wrecked the policy (most often actor.lr far too high): the reward it had falls away
-    after the first steps, with at least one sign of a broken distribution — entropy rising, the
-    length cap reached more and more, repetitive responses, a gradient-norm spike — or entropy
-    more than doubled with another of those signs."""
-    if _had(earlier, "negative_entropy_bonus"):
-        return []
-    score, entropy = view.series("critic/score/mean"), view.series("actor/entropy")
-    if len(score) < 4:
-        return []
-    (early, late), evidence = _thirds(score), []
-    peak, now = max(early), _mean(late)
-    fell = peak > 0 and now <= REWARD_FALL * peak and peak - now >= REWARD_FALL_MIN
-    if fell:
-        evidence.append(
-            f"critic/score/mean {peak:.3g} early → {now:.3g} over the last third ({_steps(score)})"
-        )
-    signs = 0
+def broken_distribution_signs(view: RunView) -> tuple[list[str], float]:
+    """The signs of a broken distribution, as evidence lines, and entropy's last/first ratio: entropy
+    rising, the length cap reached more and more, a gradient-norm spike, repetitive responses."""
+    signs = []
+    entropy = view.series("actor/entropy")
     rise = entropy[-1][1] / entropy[0][1] if len(entropy) >= 2 and entropy[0][1] > 0 else 1.0
     if rise >= ENTROPY_RISE:
-        signs += 1
-        evidence.append(f"actor/entropy rose {rise:.1f}× ({entropy[0][1]:.3g} → {entropy[-1][1]:.3g})")
+        signs.append(f"actor/entropy rose {rise:.1f}× ({entropy[0][1]:.3g} → {entropy[-1][1]:.3g})")
     clip = view.series("response_length/clip_ratio")
     if len(clip) >= 2 and _mean(_thirds(clip)[1]) - clip[0][1] >= CLIP_RISE:
-        signs += 1
-        evidence.append(
+        signs.append(
             f"response_length/clip_ratio {clip[0][1]:.0%} at step {clip[0][0]} → "
             f"{_mean(_thirds(clip)[1]):.0%}: responses run to the cap once the policy broke"
         )
     grad = view.series("actor/grad_norm")
     if len(grad) >= 2 and grad[0][1] > 0 and max(v for _, v in grad) >= GRAD_SPIKE * grad[0][1]:
         step, top = max(grad, key=lambda sv: sv[1])
-        signs += 1
-        evidence.append(f"actor/grad_norm {grad[0][1]:.3g} at step {grad[0][0]}, {top:.3g} at step {step}")
+        signs.append(f"actor/grad_norm {grad[0][1]:.3g} at step {grad[0][0]}, {top:.3g} at step {step}")
     repetitive, judged = repetitive_rows(view)
     if judged and len(repetitive) / judged >= REPEAT_ROWS:
-        signs += 1
         row = repetitive[-1]
-        evidence.append(
+        signs.append(
             f"{len(repetitive) / judged:.0%} of later traced responses repeat themselves, e.g. "
             f"trajectory {row.get('trajectory_id')}: {str(row.get('response_text'))[:60]!r}"
         )
-    if not (fell and signs) and not (rise >= ENTROPY_RISE_ALONE and signs >= 2):
+    return signs, rise
+
+
+def check_policy_broken(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    """The update wrecked the policy (most often actor.lr far too high): the reward it had falls away
+    after the first steps with at least one sign of a broken distribution, or entropy more than
+    doubled with another sign besides."""
+    score = view.series("critic/score/mean")
+    if len(score) < 4 or _had(earlier, "negative_entropy_bonus"):
+        return []
+    early, late = _thirds(score)
+    peak, now = max(early), _mean(late)
+    fell = peak > 0 and now <= REWARD_FALL * peak and peak - now >= REWARD_FALL_MIN
+    signs, rise = broken_distribution_signs(view)
+    if not (fell and signs) and not (rise >= ENTROPY_RISE_ALONE and len(signs) >= 2):
         return []
     lr = view.setting("actor.lr")
+    evidence = [f"critic/score/mean {peak:.3g} early → {now:.3g} over the last third ({_steps(score)})"]
+    evidence = (evidence if fell else []) + signs
     evidence.append(f"actor.lr = {lr}; the truncation and missing signal that follow are symptoms")
     return [
         Finding(

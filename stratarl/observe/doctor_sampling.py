@@ -132,6 +132,49 @@ def check_eos(view: RunView, earlier: list[Finding]) -> list[Finding]:
     ]
 
 
+def tokenizer_size(tok_dir: Path) -> int | None:
+    """1 + the largest id tokenizer.json defines (its vocabulary and its added tokens)."""
+    data = _json(tok_dir / "tokenizer.json")
+    vocab = (data.get("model") or {}).get("vocab")
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab or [])))
+    ids += [t["id"] for t in data.get("added_tokens", []) if isinstance(t.get("id"), int)]
+    return max(ids) + 1 if ids else None
+
+
+def check_tokenizer_mismatch(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    """A tokenizer that does not belong to the model: it defines ids the model has no embedding
+    for, or the model's eos id is no token of it. (The run may still go: ids inside both ranges
+    mean different words to each, so responses are noise and the reward stays 0.)"""
+    model, tok_path = view.setting("model.path"), view.setting("model.tokenizer_path")
+    if not model or not tok_path or Path(tok_path).resolve() == Path(model).resolve():
+        return []  # one directory holds both: they were saved together
+    size = tokenizer_size(Path(tok_path))
+    vocab = _json(Path(model) / "config.json").get("vocab_size")
+    eos = _ids(_json(Path(model) / "config.json").get("eos_token_id"))
+    if size is None or not isinstance(vocab, int):
+        return []
+    problems = []
+    if size > vocab:
+        problems.append(
+            f"the tokenizer defines {size} ids, the model embeds {vocab} (config.json vocab_size)"
+        )
+    if eos and max(eos) >= size:
+        problems.append(f"the model's eos_token_id {sorted(eos)} is outside the tokenizer's {size} ids")
+    if not problems:
+        return []
+    return [
+        Finding(
+            "problem",
+            CONFIG,
+            "the tokenizer does not belong to the model",
+            [*problems, f"model.path = {model}, model.tokenizer_path = {tok_path}"],
+            "use the tokenizer saved with the model (model.tokenizer_path empty: the model's own directory), "
+            "or the one it was trained with",
+            key="tokenizer_mismatch",
+        )
+    ]
+
+
 def identical_groups(view: RunView) -> tuple[int, int, str | None]:
     """(groups whose traced responses are all the same, groups with ≥ 2 traced responses, an example
     uid) over every traced step."""

@@ -276,6 +276,23 @@ def test_an_eos_that_is_not_the_end_of_turn_is_named_not_the_cap(tmp_path):
     assert "eos" not in findings(run) and findings(run)["truncation"].layer == "config"
 
 
+def test_a_tokenizer_that_does_not_belong_to_the_model(tmp_path):
+    model = model_dir(tmp_path / "model", model_eos=32001)
+    (model / "config.json").write_text(json.dumps({"eos_token_id": 32001, "vocab_size": 32002}))
+    other = tmp_path / "other"
+    other.mkdir()
+    vocab = {f"t{i}": i for i in range(40000)}
+    (other / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": []}))
+    zero = {"critic/score/min": 0.0, "critic/score/max": 0.0, "critic/score/mean": 0.0}
+    cfg = config(model={"path": str(model), "tokenizer_path": str(other)})
+    found = findings(write_run(tmp_path / "run", cfg=cfg, change=lambda s: zero))
+    problem = found["tokenizer_mismatch"]
+    assert problem.layer == "config" and "defines 40000 ids, the model embeds 32002" in problem.evidence[0]
+    assert "reward_constant" not in found  # the cause, not "reward always 0"
+    own = config(model={"path": str(model), "tokenizer_path": str(model)})
+    assert "tokenizer_mismatch" not in findings(write_run(tmp_path / "own", cfg=own))
+
+
 def identical_rows(step):
     rows = healthy_rows(step)
     for row in rows:
