@@ -314,8 +314,8 @@ def _unmoved_ratio(view: RunView, earlier: list[Finding]) -> list[Finding]:
     optimizer_steps = (per_step // mini if mini else 1) * epochs
     rows = [r for r in view.trace_rows() if r.get("ratio_max") is not None]
     moving = [r for r in rows if (r.get("advantage") or 0) != 0]
-    if optimizer_steps < 2 or not moving or _had(earlier, "no_signal"):
-        return []
+    if optimizer_steps < 2 or not moving or _had(earlier, "no_signal") or _had(earlier, "cold_sampling"):
+        return []  # near temperature 0 the tempered log-probs are ≈ 0 and barely move with the weights
     spread = max(max(abs(r["ratio_max"] - 1), abs(r["ratio_min"] - 1)) for r in moving)
     if spread >= RATIO_EPS:
         return []

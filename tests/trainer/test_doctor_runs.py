@@ -1,6 +1,6 @@
-"""Real short runs with planted failures: the doctor names each (layer, evidence) and stays quiet on a
-healthy run; a step that sleeps past its deadline stops the run with stack dumps; `stratarl trace`
-follows a field, writes a page, and `stratarl plot` draws the run."""
+"""Real short runs with planted failures: the doctor names each (cause, layer, evidence) and stays
+quiet on a healthy run; a step that sleeps past its deadline stops the run with stack dumps;
+`stratarl trace` follows a field, writes a page, and `stratarl plot` draws the run."""
 
 import json
 import shutil
@@ -125,6 +125,40 @@ def test_a_learning_rate_of_zero_is_a_flat_loss(sft_task, tmp_path):
     assert problem.layer == "config" and "learning rate is 0" in problem.title
     rows = [r for rows in read_steps(tmp_path / "run", ["ratio_min", "ratio_max"]).values() for r in rows]
     assert rows and all(r["ratio_min"] == r["ratio_max"] == 1.0 for r in rows)  # the policy never moved
+
+
+# Planted failures of issue 30, each a real 8-step run (about 10 s on 2 cores after the shared SFT);
+# slow and long: CI's slow tier has no room left, `make test-slow` runs them.
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_learning_rate_far_too_high_is_named_before_its_symptoms(sft_task, tmp_path):
+    findings = run(sft_task, tmp_path / "run", "actor.lr=3e-2")
+    by_key = {f.key: f for f in findings}
+    problem = by_key["policy_broken"]
+    assert problem.severity == "problem" and problem.layer == "config", [f.title for f in findings]
+    assert "actor.lr" in problem.next_step
+    assert not {"truncation", "no_signal", "weak_signal"} & set(by_key)  # symptoms, not causes
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_temperature_near_zero_is_sampling_too_cold(sft_task, tmp_path):
+    findings = run(sft_task, tmp_path / "run", "rollout.temperature=0.05")
+    by_key = {f.key: f for f in findings}
+    problem = by_key["cold_sampling"]
+    assert problem.layer == "config", [f.title for f in findings]
+    assert "rollout.temperature" in problem.next_step
+    assert not {"weak_signal", "no_signal", "flat_loss"} & set(by_key)  # the sampler, not the update
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_negative_entropy_coefficient_is_named_as_the_cause(sft_task, tmp_path):
+    findings = run(sft_task, tmp_path / "run", "actor.entropy_coeff=-1.0")
+    by_key = {f.key: f for f in findings}
+    problem = by_key["negative_entropy_bonus"]
+    assert problem.layer == "config" and "actor.entropy_coeff" in problem.next_step
+    assert not {"entropy", "weak_signal", "policy_broken"} & set(by_key), [f.title for f in findings]
 
 
 def test_trace_follows_a_field_through_the_phases(healthy, capsys):
