@@ -1,12 +1,16 @@
 """Cross-cutting: `stratarl doctor RUN` — read a run's own records, say what is wrong and in which layer.
 
-The learning map's stage 5: before reading code, decide whether a failure is one of data,
-algorithm, parallelism, weight sync, or compute & environment. Each check of `doctor_checks`
-looks at metrics.jsonl, the trace, the config and the hang reports, and returns findings with the
-evidence and the next thing to try. Severities: `problem` (the run cannot learn as configured, or
-stopped), `warning` (it learns worse than it could), `info` (where time and memory go). A healthy
-run has no problem and no warning. Works on a run still being written (a partial last line of
-metrics.jsonl is left for later; trace files appear whole).
+The learning map's stage 5: before reading code, decide which of the six layers a failure is in
+(config, control flow, orchestration, data transport, compute & environment, RL math; the
+observer's own cost is cross-cutting). Each check (`doctor_checks`, `doctor_sampling`,
+`doctor_collapse`, `doctor_reward`, `doctor_learning`, `doctor_system`, `doctor_resources`,
+`doctor_run_state`) looks at metrics.jsonl, the trace, the config, run.lock, run.json and the hang
+reports, and returns findings naming the cause, the evidence (metrics, steps, a trajectory to
+trace) and the next thing to try; where two causes share a symptom, the evidence that tells them
+apart. Severities: `problem` (the run cannot learn as configured, or stopped), `warning` (it learns
+worse than it could), `info` (where time and memory go). A healthy run has no problem and no
+warning. Works on a run still being written (a partial last line of metrics.jsonl is left for
+later; trace files appear whole).
 """
 
 from __future__ import annotations
@@ -18,25 +22,48 @@ from pathlib import Path
 from rich.console import Console
 
 from stratarl.observe import doctor_checks as data_checks
+from stratarl.observe import doctor_collapse as collapse_checks
+from stratarl.observe import doctor_learning as learning_checks
+from stratarl.observe import doctor_resources as resource_checks
+from stratarl.observe import doctor_reward as reward_checks
+from stratarl.observe import doctor_sampling as sampling_checks
 from stratarl.observe import doctor_system as system_checks
-from stratarl.observe.doctor_view import LIVE_WITHIN_S, SEVERITIES, Finding, RunView, load_run
+from stratarl.observe.doctor_run_state import check_progress, run_status
+from stratarl.observe.doctor_view import SEVERITIES, Finding, RunView, load_run
 
-# In order: a later check sees the findings of the earlier ones (and defers to them).
+# In order: a later check sees the findings of the earlier ones and defers to a named cause (a
+# broken policy explains truncation and missing signal; a misconfigured EOS explains truncation).
 CHECKS = (
     system_checks.check_hangs,
+    sampling_checks.check_tokenizer_mismatch,
     data_checks.check_reward_constant,
     data_checks.check_scorer_failures,
     data_checks.check_parse_failures,
+    data_checks.check_tool_failures,
+    sampling_checks.check_prompts_dropped,
+    sampling_checks.check_eos,
+    collapse_checks.check_negative_entropy_bonus,
+    collapse_checks.check_policy_broken,
+    sampling_checks.check_cold_sampling,
+    collapse_checks.check_repetition,
+    reward_checks.check_shortcut,
+    reward_checks.check_length_hacking,
+    reward_checks.check_reward_sign,
+    reward_checks.check_format_saturation,
     data_checks.check_truncation,
     data_checks.check_group_signal,
     data_checks.check_policy_moves,
     data_checks.check_entropy,
+    reward_checks.check_flat_validation,
+    learning_checks.check_kl_loss,
+    learning_checks.check_critic,
     system_checks.check_numerics,
     system_checks.check_staleness,
     system_checks.check_logprob_mismatch,
-    system_checks.check_memory,
-    system_checks.check_throughput,
-    system_checks.check_progress,
+    resource_checks.check_memory,
+    resource_checks.check_memory_growth,
+    resource_checks.check_throughput,
+    check_progress,
 )
 
 
@@ -46,17 +73,6 @@ def diagnose(view: RunView) -> list[Finding]:
     for check in CHECKS:
         findings += check(view, findings)
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
-
-
-def run_status(view: RunView) -> str:
-    steps = [int(r["step"]) for r in view.train]
-    total = view.setting("trainer.total_steps")
-    of = f" of {total}" if total else ""
-    done = f"steps {min(steps)}..{max(steps)}" if steps else "no training step logged yet"
-    live = view.modified_s_ago is not None and view.modified_s_ago < LIVE_WITHIN_S
-    finished = (view.run_dir / "final").is_dir()
-    state = "finished" if finished else "live (written to in the last 2 minutes)" if live else "not finished"
-    return f"{done}{of if steps else f' (total {total})' if total else ''}, {state}"
 
 
 STYLES = {"problem": "bold red", "warning": "yellow", "info": "cyan"}

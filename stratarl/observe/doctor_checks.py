@@ -1,4 +1,4 @@
-"""Cross-cutting: the doctor's checks of data and algorithm — one function per failure class.
+"""Cross-cutting: the doctor's checks of the reward, the task and the update — one function per failure class.
 
 A check reads the `RunView` (metrics, trace, config, hang reports) and the findings of the checks
 before it (to defer: "reward always 0" already explains "no group has signal"), and returns
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stratarl.observe.doctor_view import Finding, RunView
+from stratarl.observe.doctor_view import COMPUTE, CONFIG, RL_MATH, Finding, RunView
 
 TRUNCATED_PROBLEM, TRUNCATED_WARNING = 0.5, 0.2  # share of responses at the length cap
 FAILURE_PROBLEM, FAILURE_WARNING = 0.5, 0.1  # share of scorer calls that failed / tool calls unparsed
 SIGNAL_WARNING = 0.1  # share of prompt groups whose rewards differ
+LOW_SIGNAL_STEPS = 0.3  # ... below it on this share of the steps is weak, whatever the run's mean
+ZERO_ADVANTAGE = 1e-6  # |advantage| below this: 0 up to the estimator's ε (std + 1e-6 in the division)
+TOOL_FAILS_PROBLEM, TOOL_FAILS_WARNING = 0.9, 0.5  # share of tool calls that returned an error
 ENTROPY_FLOOR = 0.05  # nats per action token: below it sampling is (nearly) greedy
 ENTROPY_DROP = 0.1  # ... or it fell below this share of its first value
 RATIO_EPS = 1e-6  # |ratio − 1| below this on every token: the policy did not move
@@ -37,7 +40,7 @@ def _had(earlier: list[Finding], key: str) -> bool:
     return any(f.key == key for f in earlier)
 
 
-# --- data: the reward and the task -------------------------------------------------------------------
+# --- compute & environment: the reward and the task -----------------------------------------------
 def check_reward_constant(view: RunView, earlier: list[Finding]) -> list[Finding]:
     low, high = view.series("critic/score/min"), view.series("critic/score/max")
     if len(high) < 2 or len(low) != len(high):
@@ -46,6 +49,8 @@ def check_reward_constant(view: RunView, earlier: list[Finding]) -> list[Finding
     if len(values) != 1:
         return []
     value = values.pop()
+    if _had(earlier, "tokenizer_mismatch"):
+        return []  # a model reading another tokenizer's ids answers noise: that finding says why
     rows = view.trace_rows()
     evidence = [f"critic/score/min = critic/score/max = {value:g} on every step ({_steps(high)})"]
     if rows:
@@ -61,7 +66,7 @@ def check_reward_constant(view: RunView, earlier: list[Finding]) -> list[Finding
     return [
         Finding(
             "problem",
-            "data",
+            COMPUTE,
             f"no learning signal: the reward is {what} for every trajectory",
             evidence,
             "compare a response with its ground truth (`stratarl trace RUN --worst`): does the scorer for "
@@ -93,7 +98,7 @@ def check_scorer_failures(view: RunView, earlier: list[Finding]) -> list[Finding
     return [
         Finding(
             "problem" if share >= FAILURE_PROBLEM else "warning",
-            "compute & environment",
+            COMPUTE,
             f"the reward function fails on {share:.0%} of trajectories (scored 0)",
             [
                 f"reward/failures/total: {int(total)} over {len(failures)} steps of ~{per_step} trajectories",
@@ -121,7 +126,7 @@ def check_parse_failures(view: RunView, earlier: list[Finding]) -> list[Finding]
     return [
         Finding(
             "problem" if share >= FAILURE_PROBLEM else "warning",
-            "compute & environment",
+            COMPUTE,
             f"tool calls do not parse: {share:.0%} of {int(attempts)} attempted calls were malformed",
             [
                 f"agent/parse_failures/total {int(failed)}, agent/tool_calls/total {int(called)} "
@@ -136,7 +141,54 @@ def check_parse_failures(view: RunView, earlier: list[Finding]) -> list[Finding]
     ]
 
 
+def check_tool_failures(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    """Tool calls that parse but return an error (the tool raised, timed out, or is missing)."""
+    errors, calls = view.series("agent/tool_errors/total"), view.series("agent/tool_calls/total")
+    failed, called = sum(v for _, v in errors), sum(v for _, v in calls)
+    share = failed / called if called else 0.0
+    if not called or share < TOOL_FAILS_WARNING:
+        return []
+    reasons: dict[str, float] = {}
+    for r in view.train:
+        for key, value in r.items():
+            if (
+                key.startswith("agent/failures/")
+                and key != "agent/failures/total"
+                and isinstance(value, int | float)
+            ):
+                reasons[key.removeprefix("agent/failures/")] = (
+                    reasons.get(key.removeprefix("agent/failures/"), 0) + value
+                )
+    top = ", ".join(f"{k}: {int(v)}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:4])
+    example = next((r for r in reversed(view.trace_rows()) if (r.get("tool_errors") or 0) > 0), None)
+    evidence = [
+        f"agent/tool_errors/total {int(failed)} of agent/tool_calls/total {int(called)} ({_steps(calls)})"
+    ]
+    if top:
+        evidence.append(f"reasons: {top}")
+    if example:
+        evidence.append(
+            f"e.g. trajectory {example.get('trajectory_id')} (its interaction answer shows the call)"
+        )
+    return [
+        Finding(
+            "problem" if share >= TOOL_FAILS_PROBLEM else "warning",
+            COMPUTE,
+            f"a tool that fails: {share:.0%} of {int(called)} tool calls returned an error",
+            evidence,
+            "run the tool by hand with a traced call's arguments (`stratarl trace RUN --where 'tool_errors "
+            "> 0'`): is it installed and reachable from the tool workers (agent.tool_config_path), does it "
+            "finish within agent.tool_timeout_s?",
+            key="tool_failures",
+        )
+    ]
+
+
 def check_truncation(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    """Responses cut at the cap, unless a misconfigured EOS or a broken policy explains it (their
+    findings say so: raising the cap would not help there)."""
+    if _had(earlier, "eos") or _had(earlier, "policy_broken"):
+        return []
     clip = view.series("response_length/clip_ratio")
     late = _late(clip)
     if not late or _mean(late) < TRUNCATED_WARNING:
@@ -153,7 +205,7 @@ def check_truncation(view: RunView, earlier: list[Finding]) -> list[Finding]:
     return [
         Finding(
             "problem" if share >= TRUNCATED_PROBLEM else "warning",
-            "data",
+            CONFIG,
             f"responses are truncated: {share:.0%} stop at the length cap ({cap} tokens) instead of EOS",
             evidence,
             f"raise rollout.max_response_tokens (now {cap}) if answers need more room, or penalise overlong "
@@ -164,49 +216,64 @@ def check_truncation(view: RunView, earlier: list[Finding]) -> list[Finding]:
 
 
 def check_group_signal(view: RunView, earlier: list[Finding]) -> list[Finding]:
-    if _had(earlier, "reward_constant"):
+    """No signal: every advantage is 0 (up to ε) on most steps. Weak signal: fewer than
+    SIGNAL_WARNING of the groups have rewards that differ, over the later half on average OR on
+    LOW_SIGNAL_STEPS of the steps (a run average can hide many empty steps). Silent where a cause
+    upstream was named: a constant reward, sampling too cold, a collapse."""
+    causes = ("reward_constant", "cold_sampling", "negative_entropy_bonus", "policy_broken", "eos")
+    if any(_had(earlier, key) for key in causes):
         return []
     signal = view.series("batch/groups_with_signal")
     adv_high, adv_low = view.series("critic/advantages/max"), view.series("critic/advantages/min")
-    zero_adv = [s for (s, hi), (_, lo) in zip(adv_high, adv_low, strict=False) if hi == 0 and lo == 0]
-    findings = []
+    zero_adv = [
+        s
+        for (s, hi), (_, lo) in zip(adv_high, adv_low, strict=False)
+        if abs(hi) < ZERO_ADVANTAGE and abs(lo) < ZERO_ADVANTAGE
+    ]
+    low_steps = [(s, v) for s, v in signal if v < SIGNAL_WARNING]
     if adv_high and len(zero_adv) >= 0.8 * len(adv_high):
-        findings.append(
+        return [
             Finding(
                 "problem",
-                "data" if signal and _mean([v for _, v in signal]) < SIGNAL_WARNING else "algorithm",
+                COMPUTE if signal and _mean([v for _, v in signal]) < SIGNAL_WARNING else RL_MATH,
                 f"no learning signal: every advantage is 0 on {len(zero_adv)} of {len(adv_high)} steps",
-                [f"critic/advantages/max = min = 0 ({_steps(adv_high)})"]
+                [f"|critic/advantages/max|, |min| < {ZERO_ADVANTAGE:g} ({_steps(adv_high)})"]
                 + ([f"batch/groups_with_signal mean {_mean([v for _, v in signal]):.0%}"] if signal else []),
                 "group-relative advantages are 0 when a prompt's n rewards are equal: raise rollout.n, use "
                 "prompts the model solves sometimes, or a denser reward",
                 key="no_signal",
             )
+        ]
+    late = _mean(_late(signal)) if signal else 1.0
+    if not signal or (late >= SIGNAL_WARNING and len(low_steps) < LOW_SIGNAL_STEPS * len(signal)):
+        return []
+    return [
+        Finding(
+            "warning",
+            COMPUTE,
+            f"weak learning signal: under {SIGNAL_WARNING:.0%} of prompt groups have rewards that differ "
+            f"on {len(low_steps)} of {len(signal)} steps",
+            [
+                f"batch/groups_with_signal {late:.0%} over the later half ({_steps(signal)}); under "
+                f"{SIGNAL_WARNING:.0%} on steps {[s for s, _ in low_steps][:10]}",
+                "the groups' responses differ (else sampling is too cold): the prompts are too easy or "
+                "too hard for the model",
+            ],
+            "most groups are all right or all wrong (too easy or too hard): dynamic sampling "
+            "(algorithm.filter_groups.enable), a larger rollout.n, or data of the right difficulty",
+            key="weak_signal",
         )
-    elif signal and _mean(_late(signal)) < SIGNAL_WARNING:
-        share = _mean(_late(signal))
-        findings.append(
-            Finding(
-                "warning",
-                "data",
-                f"weak learning signal: only {share:.0%} of prompt groups have rewards that differ",
-                [f"batch/groups_with_signal {share:.0%} over the later half ({_steps(signal)})"],
-                "most groups are all right or all wrong (too easy or too hard): dynamic sampling "
-                "(algorithm.filter_groups.enable), a larger rollout.n, or data of the right difficulty",
-                key="weak_signal",
-            )
-        )
-    return findings
+    ]
 
 
-# --- algorithm: does the update move the policy? -------------------------------------------------------
+# --- config and RL math: does the update move the policy? ------------------------------------------
 def check_policy_moves(view: RunView, earlier: list[Finding]) -> list[Finding]:
     lr = view.series("actor/lr")
     if lr and all(v == 0 for _, v in lr):
         return [
             Finding(
                 "problem",
-                "algorithm",
+                CONFIG,
                 "the policy cannot move: the actor's learning rate is 0 on every step",
                 [
                     f"actor/lr = 0 ({_steps(lr)}); actor.lr = {view.setting('actor.lr')}, "
@@ -228,7 +295,7 @@ def check_policy_moves(view: RunView, earlier: list[Finding]) -> list[Finding]:
         return [
             Finding(
                 "problem",
-                "algorithm",
+                RL_MATH,
                 "the loss has no gradient: actor/grad_norm is 0 on every step",
                 [f"actor/grad_norm = 0 ({_steps(grad)})"],
                 "zero advantages or an empty loss mask: check `stratarl trace RUN --field advantages` and "
@@ -247,15 +314,15 @@ def _unmoved_ratio(view: RunView, earlier: list[Finding]) -> list[Finding]:
     optimizer_steps = (per_step // mini if mini else 1) * epochs
     rows = [r for r in view.trace_rows() if r.get("ratio_max") is not None]
     moving = [r for r in rows if (r.get("advantage") or 0) != 0]
-    if optimizer_steps < 2 or not moving or _had(earlier, "no_signal"):
-        return []
+    if optimizer_steps < 2 or not moving or _had(earlier, "no_signal") or _had(earlier, "cold_sampling"):
+        return []  # near temperature 0 the tempered log-probs are ≈ 0 and barely move with the weights
     spread = max(max(abs(r["ratio_max"] - 1), abs(r["ratio_min"] - 1)) for r in moving)
     if spread >= RATIO_EPS:
         return []
     return [
         Finding(
             "problem",
-            "algorithm",
+            CONFIG,
             "the update does not change the policy: π_θ/π_old ≡ 1 on every token of every mini-batch",
             [
                 f"{optimizer_steps} optimizer steps per update, {len(moving)} traced trajectories with a "
@@ -269,6 +336,8 @@ def _unmoved_ratio(view: RunView, earlier: list[Finding]) -> list[Finding]:
 
 
 def check_entropy(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    if _had(earlier, "negative_entropy_bonus") or _had(earlier, "cold_sampling"):
+        return []  # their findings name the cause of the collapse
     entropy = view.series("actor/entropy")
     if len(entropy) < 3:
         return []
@@ -279,7 +348,7 @@ def check_entropy(view: RunView, earlier: list[Finding]) -> list[Finding]:
     return [
         Finding(
             "warning",
-            "algorithm",
+            RL_MATH,
             f"entropy collapse: the policy's entropy fell from {first:.3g} to {last:.3g} nats per token",
             [f"actor/entropy {_steps(entropy)}: first {first:.3g}, last {last:.3g}"],
             "sampling has become (nearly) deterministic, so groups stop differing: lower actor.lr, add "

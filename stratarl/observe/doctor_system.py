@@ -1,5 +1,5 @@
 """Cross-cutting: the doctor's checks of the system layers — hangs and dead workers, numerics, weight
-sync (staleness, rollout/training log-prob mismatch), memory, throughput, and how far the run got.
+sync (staleness, rollout/training log-prob mismatch). Memory and time: `doctor_resources`.
 """
 
 from __future__ import annotations
@@ -9,19 +9,27 @@ import re
 from pathlib import Path
 from typing import Any
 
-from stratarl.observe.doctor_checks import _late, _mean, _steps
-from stratarl.observe.doctor_view import LIVE_WITHIN_S, Finding, RunView
+from stratarl.observe.doctor_checks import _late, _mean
+from stratarl.observe.doctor_run_state import resume_advice
+from stratarl.observe.doctor_view import (
+    COMPUTE,
+    CONFIG,
+    CONTROL_FLOW,
+    ORCHESTRATION,
+    RL_MATH,
+    TRANSPORT,
+    Finding,
+    RunView,
+)
 from stratarl.observe.stack_dumps import main_thread_frames
 
-MISMATCH_KL_PROBLEM, MISMATCH_KL_WARNING = 0.05, 0.005  # rollout_corr/kl, nats per token
-MEMORY_PROBLEM, MEMORY_WARNING = 0.9, 0.75  # peak over the machine's total
-IDLE_WARNING = 0.3  # share of a step outside every timed phase
-GIB = 2**30
+MISMATCH_KL_PROBLEM, MISMATCH_KL_WARNING = 0.05, 0.005  # |rollout_corr/kl|, both sides half precision
+SAME_PRECISION_KL_PROBLEM, SAME_PRECISION_KL_WARNING = 1e-3, 1e-5  # ... fp32 on either side (mismatch_lines)
 
 
-def _error_finding(report: dict[str, Any], reports: list[dict[str, Any]]) -> list[Finding]:
+def _error_finding(view: RunView, report: dict[str, Any]) -> list[Finding]:
     """A run that stopped with an exception; nothing when a worker group's report already explains it."""
-    if report["exception"] == "WorkerError" and any("reasons" in r for r in reports):
+    if report["exception"] == "WorkerError" and any("reasons" in r for r in view.hangs):
         return []
     frames = report.get("frames", [])
     layer = _hang_layer({"phase": str(report.get("phase") or "").split(" ")[0]}, frames)
@@ -32,21 +40,27 @@ def _error_finding(report: dict[str, Any], reports: list[dict[str, Any]]) -> lis
             layer,
             f"the run stopped with {report['exception']}{where}",
             [str(report["message"])[:300], *[f"at {frame}" for frame in frames[:3]]],
-            "the innermost frames say which layer raised; fix it and run the same command again "
-            "(with trainer.save_freq set it resumes from the last checkpoint)",
+            f"the innermost frames say which layer raised; fix it, then {resume_advice(view)}",
             key="error",
         )
     ]
 
 
 # --- hangs and dead workers -------------------------------------------------------------------------
-LAYER_BY_FRAME = (  # (pattern in a stack, layer): the first that matches the stuck frames wins
-    (re.compile(r"torch/distributed|process_group|all_reduce|broadcast|all_gather|fsdp"), "parallelism"),
-    (re.compile(r"weight_sync|push_weights|load_weights|sync_weights|receive_weights"), "weight sync"),
-    (re.compile(r"stratarl/algo/|actor_loss\.py|critic_loss\.py"), "algorithm"),
-    (re.compile(r"stratarl/data/|prompt_dataset|collate"), "data"),
+# (pattern in a stack frame, layer), tried in order on each frame from the innermost out. Ranks that wait in a
+# collective, and a weight push between the actor and its replicas, are the worker group's
+# (orchestration: which process runs what, and what reaches it); the other layers by their package.
+LAYER_BY_FRAME = (
+    (re.compile(r"torch/distributed|process_group|all_reduce|broadcast|all_gather|fsdp"), ORCHESTRATION),
+    (re.compile(r"weight_sync|push_weights|load_weights|sync_weights|receive_weights"), ORCHESTRATION),
+    (re.compile(r"stratarl/algo/|actor_loss\.py|critic_loss\.py"), RL_MATH),
+    (re.compile(r"stratarl/transport/"), TRANSPORT),
+    (re.compile(r"stratarl/config/"), CONFIG),
+    (re.compile(r"stratarl/cluster/"), ORCHESTRATION),
+    (re.compile(r"stratarl/(data|reward|agent|rollout|engine)/|prompt_dataset|collate"), COMPUTE),
+    (re.compile(r"stratarl/(trainer|run_directory)/"), CONTROL_FLOW),
 )
-LAYER_BY_PHASE = {"update_weights": "weight sync", "weight_sync": "weight sync"}
+LAYER_BY_PHASE = {"update_weights": ORCHESTRATION, "weight_sync": ORCHESTRATION}
 
 
 def stuck_frames(stack_file: Path) -> list[str]:
@@ -55,19 +69,20 @@ def stuck_frames(stack_file: Path) -> list[str]:
 
 
 def _hang_layer(report: dict[str, Any], frames: list[str]) -> str:
-    joined = "\n".join(frames)
-    for pattern, layer in LAYER_BY_FRAME:
-        if pattern.search(joined):
-            return layer
+    """The layer of the innermost frame that names one (frames are innermost first), else the phase's."""
+    for frame in frames:
+        for pattern, layer in LAYER_BY_FRAME:
+            if pattern.search(frame):
+                return layer
     phase = report.get("expired", {}).get("phase") or report.get("phase", "")
-    return LAYER_BY_PHASE.get(str(phase).replace("rollout.", ""), "compute & environment")
+    return LAYER_BY_PHASE.get(str(phase).replace("rollout.", ""), COMPUTE)
 
 
 def check_hangs(view: RunView, earlier: list[Finding]) -> list[Finding]:
     findings = []
     for report in view.hangs:
         if "exception" in report:
-            findings += _error_finding(report, view.hangs)
+            findings += _error_finding(view, report)
             continue
         folder = Path(report["folder"])
         stacks = sorted(folder.glob("stacks-*.txt"))
@@ -93,7 +108,7 @@ def check_hangs(view: RunView, earlier: list[Finding]) -> list[Finding]:
             died = any("died" in str(why) for why in reasons.values())
             advice = (
                 "a rank process died: look for an out-of-memory kill (dmesg, the memory finding) or a crash "
-                "in its log; the run resumes from its last checkpoint"
+                f"in its log; {resume_advice(view)}"
                 if died
                 else f"compare the ranks' stacks in {folder}: a rank that waits in a collective while "
                 "another is elsewhere is a parallelism bug; raise cluster.call_timeout_s if the phase is "
@@ -101,7 +116,7 @@ def check_hangs(view: RunView, earlier: list[Finding]) -> list[Finding]:
             )
         layer = _hang_layer(report, deepest)
         if "reasons" in report and any("died" in str(why) for why in report["reasons"].values()):
-            layer = "parallelism"
+            layer = ORCHESTRATION
         findings.append(Finding("problem", layer, title, evidence, advice, key="hang"))
     return findings
 
@@ -114,7 +129,7 @@ def check_numerics(view: RunView, earlier: list[Finding]) -> list[Finding]:
         findings.append(
             Finding(
                 "problem" if skipped[-1][1] >= len(skipped) / 2 else "warning",
-                "compute & environment",
+                COMPUTE,
                 f"{int(skipped[-1][1])} optimizer steps were skipped for a non-finite gradient norm",
                 [f"actor/skipped_steps {int(skipped[-1][1])} by step {skipped[-1][0]}"],
                 "look for inf/NaN in log-probs (a 0-probability token), advantages or the loss; mixed "
@@ -126,7 +141,7 @@ def check_numerics(view: RunView, earlier: list[Finding]) -> list[Finding]:
         findings.append(
             Finding(
                 "problem",
-                "compute & environment",
+                COMPUTE,
                 f"non-finite metrics on steps {bad[:8]}",
                 ["metrics.jsonl holds nan/inf values"],
                 "find the first phase whose metric is not finite",
@@ -136,7 +151,7 @@ def check_numerics(view: RunView, earlier: list[Finding]) -> list[Finding]:
     return findings
 
 
-# --- weight sync --------------------------------------------------------------------------------------
+# --- weight sync and staleness --------------------------------------------------------------------
 def staleness_bound(view: RunView) -> int:
     """The staleness the run's trainer.mode allows: 0 (sync: each step generates with the weights it
     trains), 1 (one_step_off), async_training.max_staleness (async)."""
@@ -152,11 +167,14 @@ def check_staleness(view: RunView, earlier: list[Finding]) -> list[Finding]:
     findings, max_staleness = [], staleness_bound(view)
     stale = view.series("rollout/staleness/max")
     over = [(s, v) for s, v in stale if v > max_staleness]
+    # sync: the weight push did not reach a replica (orchestration); an asynchronous mode: its batch
+    # source let batches older than its bound through (control flow, trainer/async_batches.py)
+    layer = ORCHESTRATION if max_staleness == 0 else CONTROL_FLOW
     if over:
         findings.append(
             Finding(
                 "problem",
-                "weight sync",
+                layer,
                 f"stale samples: trajectories trained {int(max(v for _, v in over))} weight versions after "
                 "the ones that generated them",
                 [
@@ -164,7 +182,11 @@ def check_staleness(view: RunView, earlier: list[Finding]) -> list[Finding]:
                     f"(first: step {over[0][0]})"
                 ],
                 "the rollout serves old weights: check that every step's sync reaches every replica "
-                "(rollout/weight_version), and the staleness bound of an asynchronous mode",
+                "(rollout/weight_version)"
+                if max_staleness == 0
+                else "batches older than the mode's bound reached the update (trainer.mode="
+                f"{view.setting('trainer.mode')}, bound {max_staleness}): the batch source should drop them "
+                "(async/dropped_samples counts what it drops); check trainer/async_batches.py's bound",
                 key="stale",
             )
         )
@@ -174,7 +196,7 @@ def check_staleness(view: RunView, earlier: list[Finding]) -> list[Finding]:
         findings.append(
             Finding(
                 "problem",
-                "weight sync",
+                ORCHESTRATION,
                 "the served weight version does not advance by one per step",
                 [f"rollout/weight_version goes {jumps[0][0]:g} → {jumps[0][1]:g} ({len(jumps)} steps)"],
                 "a weight sync was skipped or repeated: the rollout generated with weights the actor no "
@@ -186,158 +208,80 @@ def check_staleness(view: RunView, earlier: list[Finding]) -> list[Finding]:
     return findings
 
 
+HALF_PRECISION = ("bfloat16", "bf16", "float16", "fp16", "half")
+
+
+def mismatch_lines(view: RunView) -> tuple[float, float, str]:
+    """(warning, problem) lines of |rollout_corr/kl| for the run's precisions, and which they are.
+
+    The same weights in the same precision give the same log-probs up to kernel noise: over 213
+    healthy fp32 sync test runs the largest |KL| of any step was 2.9e-7 (the quickstart: < 1e-7), so
+    1e-5 (35× that) is a warning and 1e-3 a problem. A rollout in bf16 over fp32 training
+    (rollout.dtype) measured 3.2e-4 with nothing else wrong: that gap is the precision's, named as
+    such above 1e-5 (the fix is the dtype or a correction, not a bug hunt). Both sides in half
+    precision round alike, and one bf16 ulp (2^-8 of a logit) gives per-token KLs near 1e-3: there
+    the lines are 5e-3 and 5e-2."""
+    train = str(view.setting("model.dtype") or "float32")
+    rollout = str(view.setting("rollout.dtype") or train)
+    if train in HALF_PRECISION and rollout in HALF_PRECISION:
+        return MISMATCH_KL_WARNING, MISMATCH_KL_PROBLEM, f"rollout and training both in {rollout}"
+    return SAME_PRECISION_KL_WARNING, SAME_PRECISION_KL_PROBLEM, f"rollout {rollout}, training {train}"
+
+
 def check_logprob_mismatch(view: RunView, earlier: list[Finding]) -> list[Finding]:
     """π_old (the trainer's forward) against π_rollout (the sampler's log-probs): the same weights
-    should give the same numbers up to kernel and precision noise."""
+    should give the same numbers up to kernel and precision noise (`mismatch_lines`)."""
     kl = view.series("rollout_corr/kl")
     if not kl or staleness_bound(view) > 0:  # off-policy modes: π_old is newer than π_rollout by design
         return []
+    warning, problem, precisions = mismatch_lines(view)
     late = _mean(_late(kl))
-    if abs(late) < MISMATCH_KL_WARNING:
+    if abs(late) < warning:
         return []
     diff = view.series("rollout_corr/log_ppl_abs_diff")
     first = kl[0][1]
-    from_start = abs(first) >= MISMATCH_KL_WARNING
-    layer = "compute & environment" if from_start else "weight sync"
-    cause = (
-        "already at the first step: the rollout computes log-probs differently (dtype, kernels, "
-        "temperature or sampling filters)"
-        if from_start
-        else "it appears after the first steps: the rollout serves weights that differ from the actor's"
-    )
-    return [
-        Finding(
-            "problem" if abs(late) >= MISMATCH_KL_PROBLEM else "warning",
-            layer,
-            f"rollout and training log-probs disagree: KL {late:.3g} nats per token",
-            [f"rollout_corr/kl: step {kl[0][0]} {first:.3g}, later half {late:.3g}"]
-            + ([f"rollout_corr/log_ppl_abs_diff later half {_mean(_late(diff)):.3g}"] if diff else [])
-            + [cause],
+    from_start = abs(first) >= warning
+    train = str(view.setting("model.dtype") or "float32")
+    dtype_differs = str(view.setting("rollout.dtype") or train) != train
+    if dtype_differs and abs(late) < MISMATCH_KL_PROBLEM:
+        cause = (
+            f"the rollout serves its weights in another precision ({precisions}): a KL of this size from "
+            "the first step is that precision's rounding, not a weight-sync fault (that would appear later)"
+        )
+        layer, advice = (
+            COMPUTE,
+            (
+                f"set rollout.dtype to model.dtype ({train}) if the rollout can afford it, or keep the cheap "
+                "dtype and correct for it: algorithm.rollout_correction.rollout_is (importance weights)"
+            ),
+        )
+    else:
+        layer = COMPUTE if from_start else ORCHESTRATION
+        cause = (
+            "already at the first step: the rollout computes log-probs differently (dtype, kernels, "
+            "temperature or sampling filters)"
+            if from_start
+            else "it appears after the first steps: the rollout serves weights that differ from the actor's"
+        )
+        advice = (
             "compare rollout and model precision (model.dtype, the rollout's dtype); check the weight sync "
             "(rollout/weight_version, checksums); correct what remains with "
-            "algorithm.rollout_correction.rollout_is",
-            key="mismatch",
+            "algorithm.rollout_correction.rollout_is"
         )
-    ]
-
-
-# --- compute & environment ---------------------------------------------------------------------------
-def _peak(view: RunView, kind: str) -> tuple[float, str | None, int | None]:
-    """(the highest peak in GiB, the phase that set it, its step) of `memory/<kind>_peak_gb/<phase>`."""
-    best = (0.0, None, None)
-    for r in view.train:
-        for key, value in r.items():
-            if (
-                key.startswith(f"memory/{kind}_peak_gb/")
-                and isinstance(value, int | float)
-                and value > best[0]
-            ):
-                best = (float(value), key.rsplit("/", 1)[1], int(r["step"]))
-    return best
-
-
-def check_memory(view: RunView, earlier: list[Finding]) -> list[Finding]:
-    findings = []
-    for kind, label in (("host", "host (RSS of the trainer process)"), ("device", "device (CUDA allocator)")):
-        totals = view.series(f"memory/{kind}_total_gb")
-        peaks = view.series(f"memory/{kind}_peak_gb")
-        if not totals or not peaks:
-            continue
-        total, peak = totals[-1][1], max(v for _, v in peaks)
-        value, phase, step = _peak(view, kind)
-        share = peak / total if total else 0.0
-        severity = "problem" if share >= MEMORY_PROBLEM else "warning" if share >= MEMORY_WARNING else "info"
-        where = f"set in phase {phase!r} at step {step}" if phase else "set before the first step (loading)"
-        findings.append(
-            Finding(
-                severity,
-                "compute & environment",
-                f"{label} memory peak {peak:.2f} GiB ({share:.0%} of {total:.1f} GiB), {where}",
-                [
-                    f"memory/{kind}_peak_gb {peak:.2f}; memory/{kind}_peak_gb/{phase} {value:.2f}"
-                    if phase
-                    else f"memory/{kind}_peak_gb {peak:.2f}"
-                ],
-                ""
-                if severity == "info"
-                else f"the {phase or 'start-up'} phase needs less memory: smaller micro-batches "
-                "(*.trajectories_per_micro_batch, *.max_tokens_per_micro_batch), rollout."
-                "trajectories_per_generate_batch, or more processes (cluster.training_workers)",
-                key="memory",
-            )
-        )
-    ranks = view.series("perf/max_memory_allocated_gb")
-    if ranks and view.setting("cluster.backend") == "ray":
-        findings.append(
-            Finding(
-                "info",
-                "compute & environment",
-                f"training ranks' peak memory {max(v for _, v in ranks):.2f} GiB (actor update, rank 0)",
-                [f"perf/max_memory_allocated_gb {_steps(ranks)}"],
-                key="memory",
-            )
-        )
-    return findings
-
-
-def check_throughput(view: RunView, earlier: list[Finding]) -> list[Finding]:
-    steps = [
-        r for r in view.train if isinstance(r.get("timing_s/step"), int | float) and r["timing_s/step"] > 0
-    ]
-    if not steps:
-        return []
-    phases = sorted({k for r in steps for k in r if k.startswith("timing_s/") and k != "timing_s/step"})
-    total = sum(r["timing_s/step"] for r in steps)
-    shares = {p.removeprefix("timing_s/"): sum(float(r.get(p, 0.0)) for r in steps) / total for p in phases}
-    idle = max(0.0, 1.0 - sum(shares.values()))
-    top = sorted(shares.items(), key=lambda kv: -kv[1])[:3]
-    evidence = [
-        f"mean step {total / len(steps):.2f} s over {len(steps)} steps; "
-        + ", ".join(f"{p} {s:.0%}" for p, s in top)
-    ]
-    evidence.append(f"outside any phase (metrics, logging): {idle:.0%}")
-    findings = [
-        Finding(
-            "info",
-            "compute & environment",
-            f"time: {top[0][0]} takes {top[0][1]:.0%} of a step",
-            evidence,
-            key="throughput",
-        )
-    ]
-    if idle >= IDLE_WARNING:
-        findings.append(
-            Finding(
-                "warning",
-                "compute & environment",
-                f"{idle:.0%} of each step is spent outside the timed phases",
-                evidence,
-                "the controller's own work dominates (metrics, the trajectory JSONL, tracing): set "
-                "trainer.save_trajectories=false or a smaller trace.fraction, and look at timing_s/trace",
-                key="throughput",
-            )
-        )
-    return findings
-
-
-def check_progress(view: RunView, earlier: list[Finding]) -> list[Finding]:
-    """A run that stopped before its last step without a recorded reason (killed from outside)."""
-    steps = [int(r["step"]) for r in view.train]
-    total = view.setting("trainer.total_steps")
-    live = view.modified_s_ago is not None and view.modified_s_ago < LIVE_WITHIN_S
-    if not steps or not total or max(steps) >= total or live or (view.run_dir / "final").is_dir():
-        return []
-    if any(f.key in ("hang", "error") for f in earlier):
-        return []  # the hang or error report says why
+    # a precision gap alone stays a warning below the half-precision problem line
+    is_problem = abs(late) >= (MISMATCH_KL_PROBLEM if dtype_differs else problem)
     return [
         Finding(
-            "warning",
-            "compute & environment",
-            f"the run stopped after step {max(steps)} of {total} and recorded no error",
-            [f"metrics.jsonl last written {view.modified_s_ago:.0f} s ago; no hang report in hang/"],
-            "the process was killed from outside (the kernel's out-of-memory killer: `dmesg`; a scheduler's "
-            "time limit) or its error went to the console only; run the same command again to resume from "
-            "the last checkpoint",
-            key="progress",
+            "problem" if is_problem else "warning",
+            layer,
+            f"rollout and training log-probs disagree: KL {late:.3g} nats per token",
+            [
+                f"rollout_corr/kl: step {kl[0][0]} {first:.3g}, later half {late:.3g} (lines for "
+                f"{precisions}: warning {warning:g}, problem {problem:g})"
+            ]
+            + ([f"rollout_corr/log_ppl_abs_diff later half {_mean(_late(diff)):.3g}"] if diff else [])
+            + [cause],
+            advice,
+            key="mismatch",
         )
     ]

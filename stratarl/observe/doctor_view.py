@@ -1,8 +1,13 @@
 """Cross-cutting: what `stratarl doctor` reads and says — a run's records loaded once (`RunView`), and
-the `Finding`s its checks return (severity, layer, evidence, the next thing to try)."""
+the `Finding`s its checks return (severity, layer, evidence, the next thing to try).
+
+A finding's layer is one of the six of docs/architecture.md (plus cross-cutting, the observer's
+own work): the layer whose code or setting a fix changes, not the one where the symptom shows.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +23,14 @@ from stratarl.observe.run_records import (
 )
 from stratarl.observe.trace_store import read_steps
 
-LAYERS = ("data", "algorithm", "parallelism", "weight sync", "compute & environment")
+CONFIG, CONTROL_FLOW, ORCHESTRATION = "config", "control flow", "orchestration"
+TRANSPORT, COMPUTE, RL_MATH, CROSS_CUTTING = (
+    "data transport",
+    "compute & environment",
+    "RL math",
+    "cross-cutting",
+)
+LAYERS = (CONFIG, CONTROL_FLOW, ORCHESTRATION, TRANSPORT, COMPUTE, RL_MATH, CROSS_CUTTING)
 SEVERITIES = ("problem", "warning", "info")
 LIVE_WITHIN_S = 120.0  # metrics.jsonl written this recently: the run is probably still going
 
@@ -27,6 +39,7 @@ TRACE_COLUMNS = (
     "step", "reward", "finish_reason", "stop_reason", "response_text", "ground_truth", "reward_extras",
     "advantage", "ratio_mean", "ratio_min", "ratio_max", "staleness", "weight_version", "trained_version",
     "parse_failures", "tool_calls", "trajectory_id", "action_tokens", "response_tokens", "group_has_signal",
+    "uid", "response_ids", "sampling", "tool_errors", "data_source",
 )  # fmt: skip
 
 
@@ -54,6 +67,8 @@ class RunView:
     traces: dict[int, list[dict[str, Any]]]
     hangs: list[dict[str, Any]]
     modified_s_ago: float | None
+    lock: dict[str, Any] | None = None  # run.lock: the writer's pid, host, since ({} when released)
+    record: dict[str, Any] | None = None  # run.json: status, steps_done, legs
 
     @property
     def train(self) -> list[dict[str, Any]]:
@@ -78,6 +93,19 @@ class RunView:
         return [row for _, rows in sorted(self.traces.items()) for row in rows]
 
 
+def read_json_file(path: Path) -> dict[str, Any] | None:
+    """A JSON object file; {} when empty (a released lock), None when absent or unreadable."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def load_run(run: str | Path) -> RunView:
     run_dir = resolve_run_dir(run)
     metrics = run_dir / "metrics.jsonl"
@@ -89,4 +117,6 @@ def load_run(run: str | Path) -> RunView:
         traces=read_steps(run_dir, TRACE_COLUMNS),
         hangs=read_hang_reports(run_dir),
         modified_s_ago=modified,
+        lock=read_json_file(run_dir / "run.lock"),
+        record=read_json_file(run_dir / "run.json"),
     )

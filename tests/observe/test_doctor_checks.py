@@ -1,6 +1,7 @@
 """Each doctor check on a run directory written by hand: the failure classes the short real runs of
 tests/trainer/test_doctor_runs.py cannot plant cheaply (scorer errors, stale weights, log-prob
-mismatch, memory, entropy collapse, dead ranks, a run killed from outside), and silence otherwise."""
+mismatch, memory, entropy collapse, dead ranks, a run killed from outside), each in its layer of
+docs/architecture.md, and silence otherwise."""
 
 import json
 import os
@@ -56,19 +57,19 @@ def test_scorer_failures_are_compute_and_environment(tmp_path):
     assert "75%" in problem.title and "timeout: 240" in " ".join(problem.evidence)
 
 
-def test_stale_samples_and_a_skipped_sync_are_weight_sync(tmp_path):
+def test_stale_samples_and_a_skipped_sync_are_orchestration(tmp_path):
     run = write_run(tmp_path / "run", change=lambda s: {"rollout/staleness/max": 2.0} if s > 5 else {})
-    assert findings(run)["stale"].layer == "weight sync"
+    assert findings(run)["stale"].layer == "orchestration"  # the weight push did not reach the rollout
     skipped = write_run(tmp_path / "skipped", change=lambda s: {"rollout/weight_version": float(min(s, 4))})
     problem = findings(skipped)["stale"]
-    assert problem.layer == "weight sync" and "advance" in problem.title
+    assert problem.layer == "orchestration" and "advance" in problem.title
 
 
-def test_a_log_prob_mismatch_from_the_start_is_compute_later_is_weight_sync(tmp_path):
+def test_a_log_prob_mismatch_from_the_start_is_compute_later_is_orchestration(tmp_path):
     early = write_run(tmp_path / "early", change=lambda s: {"rollout_corr/kl": 0.1})
     assert findings(early)["mismatch"].layer == "compute & environment"
     late = write_run(tmp_path / "late", change=lambda s: {"rollout_corr/kl": 0.1 if s > 3 else 0.0})
-    assert findings(late)["mismatch"].layer == "weight sync"
+    assert findings(late)["mismatch"].layer == "orchestration"
     assert findings(late)["mismatch"].severity == "problem"
 
 
@@ -79,13 +80,13 @@ def test_memory_near_the_machine_total_names_the_phase(tmp_path):
     assert problem.severity == "problem" and "'update_actor' at step 7" in problem.title
 
 
-def test_entropy_collapse_is_an_algorithm_warning(tmp_path):
+def test_entropy_collapse_is_an_rl_math_warning(tmp_path):
     run = write_run(tmp_path / "run", change=lambda s: {"actor/entropy": 0.4 * 0.5**s})
     warning = findings(run)["entropy"]
-    assert warning.severity == "warning" and warning.layer == "algorithm"
+    assert warning.severity == "warning" and warning.layer == "RL math"
 
 
-def test_a_dead_rank_is_parallelism_and_a_run_killed_from_outside_is_noticed(tmp_path):
+def test_a_dead_rank_is_orchestration_and_a_run_killed_from_outside_is_noticed(tmp_path):
     run = write_run(tmp_path / "run", steps=4, finished=False)
     folder = run / "hang" / "actor-actor_update-1"
     folder.mkdir(parents=True)
@@ -94,7 +95,7 @@ def test_a_dead_rank_is_parallelism_and_a_run_killed_from_outside_is_noticed(tmp
         "phase": "actor.update", "reasons": {"1": "died (the actor died unexpectedly)"}, "processes": [],
     }))  # fmt: skip
     hang = findings(run)["hang"]
-    assert hang.layer == "parallelism" and "ranks ['1'] failed in phase 'actor.update'" in hang.title
+    assert hang.layer == "orchestration" and "ranks ['1'] failed in phase 'actor.update'" in hang.title
     killed = write_run(tmp_path / "killed", steps=4, finished=False)
     old = time.time() - 3600
     os.utime(killed / "metrics.jsonl", (old, old))
@@ -119,5 +120,5 @@ def test_a_run_that_stopped_with_an_exception_names_the_phase_and_the_layer(tmp_
               "phase": "adv (step 4)", "frames": frames}  # fmt: skip
     (folder / "report.json").write_text(json.dumps(report))
     problem = findings(run)["error"]
-    assert problem.layer == "algorithm" and "ValueError in phase adv (step 4)" in problem.title
+    assert problem.layer == "RL math" and "ValueError in phase adv (step 4)" in problem.title
     assert "progress" not in findings(run)  # the error says why it stopped

@@ -1,6 +1,6 @@
-"""Real short runs with planted failures: the doctor names each (layer, evidence) and stays quiet on a
-healthy run; a step that sleeps past its deadline stops the run with stack dumps; `stratarl trace`
-follows a field, writes a page, and `stratarl plot` draws the run."""
+"""Real short runs with planted failures: the doctor names each (cause, layer, evidence) and stays
+quiet on a healthy run; a step that sleeps past its deadline stops the run with stack dumps;
+`stratarl trace` follows a field, writes a page, and `stratarl plot` draws the run."""
 
 import json
 import shutil
@@ -100,14 +100,14 @@ def test_a_live_run_with_a_half_written_line_reads_the_same(healthy, tmp_path):
     assert alarming(diagnose(view)) == []
 
 
-def test_a_reward_that_is_always_zero_is_a_data_problem(sft_task, tmp_path):
+def test_a_reward_that_is_always_zero_is_a_compute_and_environment_problem(sft_task, tmp_path):
     scorer = tmp_path / "zero.py"
     scorer.write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
     )
     findings = run(sft_task, tmp_path / "run", f"reward.custom_function_path={scorer}")
     (problem,) = [f for f in findings if f.key == "reward_constant"]
-    assert problem.severity == "problem" and problem.layer == "data"
+    assert problem.severity == "problem" and problem.layer == "compute & environment"  # the scorer
     assert "always 0" in problem.title and "ground truth" in " ".join(problem.evidence)
     assert not [f for f in findings if f.key in ("no_signal", "weak_signal")]  # explained by the reward
 
@@ -115,16 +115,50 @@ def test_a_reward_that_is_always_zero_is_a_data_problem(sft_task, tmp_path):
 def test_responses_always_truncated_are_found(sft_task, tmp_path):
     findings = run(sft_task, tmp_path / "run", "rollout.max_response_tokens=2")
     (problem,) = [f for f in findings if f.key == "truncation"]
-    assert problem.severity == "problem" and problem.layer == "data"
+    assert problem.severity == "problem" and problem.layer == "config"  # rollout.max_response_tokens
     assert "100%" in problem.title and "rollout.max_response_tokens" in problem.next_step
 
 
 def test_a_learning_rate_of_zero_is_a_flat_loss(sft_task, tmp_path):
     findings = run(sft_task, tmp_path / "run", "actor.lr=0")
     (problem,) = [f for f in findings if f.key == "flat_loss"]
-    assert problem.layer == "algorithm" and "learning rate is 0" in problem.title
+    assert problem.layer == "config" and "learning rate is 0" in problem.title
     rows = [r for rows in read_steps(tmp_path / "run", ["ratio_min", "ratio_max"]).values() for r in rows]
     assert rows and all(r["ratio_min"] == r["ratio_max"] == 1.0 for r in rows)  # the policy never moved
+
+
+# Planted failures of issue 30, each a real 8-step run (about 10 s on 2 cores after the shared SFT);
+# slow and long: CI's slow tier has no room left, `make test-slow` runs them.
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_learning_rate_far_too_high_is_named_before_its_symptoms(sft_task, tmp_path):
+    findings = run(sft_task, tmp_path / "run", "actor.lr=3e-2")
+    by_key = {f.key: f for f in findings}
+    problem = by_key["policy_broken"]
+    assert problem.severity == "problem" and problem.layer == "config", [f.title for f in findings]
+    assert "actor.lr" in problem.next_step
+    assert not {"truncation", "no_signal", "weak_signal"} & set(by_key)  # symptoms, not causes
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_temperature_near_zero_is_sampling_too_cold(sft_task, tmp_path):
+    findings = run(sft_task, tmp_path / "run", "rollout.temperature=0.05")
+    by_key = {f.key: f for f in findings}
+    problem = by_key["cold_sampling"]
+    assert problem.layer == "config", [f.title for f in findings]
+    assert "rollout.temperature" in problem.next_step
+    assert not {"weak_signal", "no_signal", "flat_loss"} & set(by_key)  # the sampler, not the update
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_negative_entropy_coefficient_is_named_as_the_cause(sft_task, tmp_path):
+    findings = run(sft_task, tmp_path / "run", "actor.entropy_coeff=-1.0")
+    by_key = {f.key: f for f in findings}
+    problem = by_key["negative_entropy_bonus"]
+    assert problem.layer == "config" and "actor.entropy_coeff" in problem.next_step
+    assert not {"entropy", "weak_signal", "policy_broken"} & set(by_key), [f.title for f in findings]
 
 
 def test_trace_follows_a_field_through_the_phases(healthy, capsys):
