@@ -182,7 +182,7 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from stratarl.observe.doctor import doctor_command
+    from stratarl.observe.doctor.diagnosis import doctor_command
 
     return doctor_command(args.run, as_json=args.json)
 

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from stratarl.apps.quickstart import TaskSettings, run_quickstart
-from stratarl.observe.doctor import diagnose
-from stratarl.observe.doctor_view import load_run
+from stratarl.observe.doctor.diagnosis import diagnose
+from stratarl.observe.doctor.view import load_run
 
 
 def problems_gained(summary: dict) -> int:

@@ -9,8 +9,8 @@ import time
 
 import yaml
 
-from stratarl.observe.doctor import diagnose
-from stratarl.observe.doctor_view import load_run
+from stratarl.observe.doctor.diagnosis import diagnose
+from stratarl.observe.doctor.view import load_run
 
 CONFIG = {"data": {"prompts_per_step": 8}, "rollout": {"n": 4, "max_response_tokens": 16},
           "actor": {"prompts_per_mini_batch": 8, "lr": 1e-4}, "trainer": {"total_steps": 10}}  # fmt: skip

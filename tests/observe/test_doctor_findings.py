@@ -13,9 +13,9 @@ import sys
 import pytest
 import yaml
 
-from stratarl.observe.doctor import diagnose, run_status
-from stratarl.observe.doctor_collapse import repeated_share
-from stratarl.observe.doctor_view import load_run
+from stratarl.observe.doctor.collapse import repeated_share
+from stratarl.observe.doctor.diagnosis import diagnose, run_status
+from stratarl.observe.doctor.view import load_run
 from stratarl.observe.trace_store import StepTrace, TraceWriter
 
 STEPS, GROUPS, N = 10, 8, 4

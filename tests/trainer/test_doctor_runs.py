@@ -15,8 +15,8 @@ from stratarl.apps.quickstart import RECIPE
 from stratarl.assembly import datasets
 from stratarl.cli import main
 from stratarl.config import load_config
-from stratarl.observe.doctor import diagnose
-from stratarl.observe.doctor_view import load_run
+from stratarl.observe.doctor.diagnosis import diagnose
+from stratarl.observe.doctor.view import load_run
 from stratarl.observe.plots import PLOTS
 from stratarl.observe.run_log import RunLog
 from stratarl.observe.trace_answers import QUESTIONS

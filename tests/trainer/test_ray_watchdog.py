@@ -12,8 +12,8 @@ import pytest
 
 from stratarl.apps.quickstart import RECIPE
 from stratarl.config import load_config
-from stratarl.observe.doctor import diagnose
-from stratarl.observe.doctor_view import load_run
+from stratarl.observe.doctor.diagnosis import diagnose
+from stratarl.observe.doctor.view import load_run
 from stratarl.observe.trace_store import read_steps
 from stratarl.trainer.rl_trainer import RLTrainer
 

@@ -8,8 +8,8 @@ import torch
 
 from stratarl.agent import tool_parsers
 from stratarl.agent.tool_parsers import ParseResult
-from stratarl.observe.doctor import diagnose
-from stratarl.observe.doctor_view import load_run
+from stratarl.observe.doctor.diagnosis import diagnose
+from stratarl.observe.doctor.view import load_run
 from stratarl.observe.trace_answers import mask_spans, ten_answers
 from stratarl.observe.trace_store import read_step
 from stratarl.trainer import phases

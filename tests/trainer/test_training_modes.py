@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from stratarl.assembly.run_watch import PHASE_ROLES
 from stratarl.config import ConfigError, validate_config
-from stratarl.observe.doctor import diagnose
-from stratarl.observe.doctor_view import load_run
+from stratarl.observe.doctor.diagnosis import diagnose
+from stratarl.observe.doctor.view import load_run
 from stratarl.observe.run_log import read_metrics
 from stratarl.trainer.rl_trainer import RLTrainer
 from tests.trainer.test_resume import comparable as without_timings

@@ -1,16 +1,15 @@
-"""Cross-cutting: `stratarl doctor RUN` — read a run's own records, say what is wrong and in which layer.
+"""Cross-cutting: the doctor's diagnosis — every check in order, and `stratarl doctor RUN`'s output.
 
 The learning map's stage 5: before reading code, decide which of the six layers a failure is in
-(config, control flow, orchestration, data transport, compute & environment, RL math; the
-observer's own cost is cross-cutting). Each check (`doctor_checks`, `doctor_sampling`,
-`doctor_collapse`, `doctor_reward`, `doctor_learning`, `doctor_system`, `doctor_resources`,
-`doctor_run_state`) looks at metrics.jsonl, the trace, the config, run.lock, run.json and the hang
-reports, and returns findings naming the cause, the evidence (metrics, steps, a trajectory to
-trace) and the next thing to try; where two causes share a symptom, the evidence that tells them
-apart. Severities: `problem` (the run cannot learn as configured, or stopped), `warning` (it learns
-worse than it could), `info` (where time and memory go). A healthy run has no problem and no
-warning. Works on a run still being written (a partial last line of metrics.jsonl is left for
-later; trace files appear whole).
+(config, control flow, orchestration, data transport, compute & environment, RL math; the observer's
+own cost is cross-cutting). Each check (the modules `checks`, `sampling`, `collapse`, `reward`,
+`learning`, `system`, `resources`, `run_state` of this package) looks at metrics.jsonl, the trace,
+the config, run.lock, run.json and the hang reports, and returns findings naming the cause, the
+evidence (metrics, steps, a trajectory to trace) and the next thing to try; where two causes share a
+symptom, the evidence that tells them apart. Severities: `problem` (the run cannot learn as
+configured, or stopped), `warning` (it learns worse than it could), `info` (where time and memory
+go). A healthy run has no problem and no warning. Works on a run still being written (a partial last
+line of metrics.jsonl is left for later; trace files appear whole).
 """
 
 from __future__ import annotations
@@ -21,15 +20,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from stratarl.observe import doctor_checks as data_checks
-from stratarl.observe import doctor_collapse as collapse_checks
-from stratarl.observe import doctor_learning as learning_checks
-from stratarl.observe import doctor_resources as resource_checks
-from stratarl.observe import doctor_reward as reward_checks
-from stratarl.observe import doctor_sampling as sampling_checks
-from stratarl.observe import doctor_system as system_checks
-from stratarl.observe.doctor_run_state import check_progress, run_status
-from stratarl.observe.doctor_view import SEVERITIES, Finding, RunView, load_run
+from stratarl.observe.doctor import checks as data_checks
+from stratarl.observe.doctor import collapse as collapse_checks
+from stratarl.observe.doctor import learning as learning_checks
+from stratarl.observe.doctor import resources as resource_checks
+from stratarl.observe.doctor import reward as reward_checks
+from stratarl.observe.doctor import sampling as sampling_checks
+from stratarl.observe.doctor import system as system_checks
+from stratarl.observe.doctor.run_state import check_progress, run_status
+from stratarl.observe.doctor.view import SEVERITIES, Finding, RunView, load_run
 
 # In order: a later check sees the findings of the earlier ones and defers to a named cause (a
 # broken policy explains truncation and missing signal; a misconfigured EOS explains truncation).

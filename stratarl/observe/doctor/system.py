@@ -1,5 +1,5 @@
 """Cross-cutting: the doctor's checks of the system layers — hangs and dead workers, numerics, weight
-sync (staleness, rollout/training log-prob mismatch). Memory and time: `doctor_resources`.
+sync (staleness, rollout/training log-prob mismatch). Memory and time: `resources`.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from stratarl.observe.doctor_checks import _late, _mean
-from stratarl.observe.doctor_run_state import resume_advice
-from stratarl.observe.doctor_view import (
+from stratarl.observe.doctor.checks import _late, _mean
+from stratarl.observe.doctor.run_state import resume_advice
+from stratarl.observe.doctor.view import (
     COMPUTE,
     CONFIG,
     CONTROL_FLOW,

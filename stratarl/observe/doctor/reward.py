@@ -20,8 +20,8 @@ import json
 import re
 from collections import Counter
 
-from stratarl.observe.doctor_checks import _had, _mean, _steps
-from stratarl.observe.doctor_view import COMPUTE, Finding, RunView
+from stratarl.observe.doctor.checks import _had, _mean, _steps
+from stratarl.observe.doctor.view import COMPUTE, Finding, RunView
 
 TRAIN_RISE = 0.1  # the training reward's later half above its first steps by this much
 VAL_FALL = 0.1  # the last validation below the first by this much (absolute)

@@ -17,8 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from stratarl.observe.doctor_checks import _had, _late, _mean, _steps
-from stratarl.observe.doctor_view import CONFIG, Finding, RunView
+from stratarl.observe.doctor.checks import _had, _late, _mean, _steps
+from stratarl.observe.doctor.view import CONFIG, Finding, RunView
 
 CAPPED_FROM_START = 0.9  # share of responses at the length cap, on the first step and after
 ENDED_INSIDE = 0.5  # share of capped traced responses that hold an end-of-turn token before the cap

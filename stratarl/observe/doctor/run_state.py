@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from stratarl.observe.doctor_view import COMPUTE, LIVE_WITHIN_S, Finding, RunView
+from stratarl.observe.doctor.view import COMPUTE, LIVE_WITHIN_S, Finding, RunView
 
 CHECKPOINT_DIR = "checkpoints"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stratarl.observe.doctor_view import COMPUTE, CONFIG, RL_MATH, Finding, RunView
+from stratarl.observe.doctor.view import COMPUTE, CONFIG, RL_MATH, Finding, RunView
 
 TRUNCATED_PROBLEM, TRUNCATED_WARNING = 0.5, 0.2  # share of responses at the length cap
 FAILURE_PROBLEM, FAILURE_WARNING = 0.5, 0.1  # share of scorer calls that failed / tool calls unparsed

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import itertools
 
-from stratarl.observe.doctor_checks import _steps
-from stratarl.observe.doctor_view import COMPUTE, CROSS_CUTTING, Finding, RunView
+from stratarl.observe.doctor.checks import _steps
+from stratarl.observe.doctor.view import COMPUTE, CROSS_CUTTING, Finding, RunView
 
 MEMORY_PROBLEM, MEMORY_WARNING = 0.9, 0.75  # peak over the machine's total
 IDLE_WARNING = 0.3  # share of a step outside every timed phase

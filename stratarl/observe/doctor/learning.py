@@ -4,8 +4,8 @@ term that outweighs the policy loss, and a critic (PPO) that does not learn its 
 
 from __future__ import annotations
 
-from stratarl.observe.doctor_checks import _mean, _steps
-from stratarl.observe.doctor_view import CONFIG, RL_MATH, Finding, RunView
+from stratarl.observe.doctor.checks import _mean, _steps
+from stratarl.observe.doctor.view import CONFIG, RL_MATH, Finding, RunView
 
 KL_DOMINATES = 1.0  # kl_coef·kl_loss over |pg_loss|, later half (the quickstart with the KL loss: 0.02)
 EXPLAINED_FLOOR = 0.0  # critic/vf_explained_var below this: the values explain none of the returns

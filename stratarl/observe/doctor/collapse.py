@@ -8,14 +8,14 @@ help. What tells the causes apart:
     learning rate too high     reward falls after the first steps, entropy RISES, responses turn to
                                garbage or repeat one token, the clip ratio climbs
     negative entropy bonus     actor.entropy_coeff < 0: entropy FALLS toward 0, groups become identical
-    eos misconfigured          (doctor_sampling) truncated from step 1, before any update
+    eos misconfigured          (sampling)     truncated from step 1, before any update
     answers need more room     (truncation) truncated from step 1, reward never there to fall
 """
 
 from __future__ import annotations
 
-from stratarl.observe.doctor_checks import _had, _mean, _steps
-from stratarl.observe.doctor_view import CONFIG, Finding, RunView
+from stratarl.observe.doctor.checks import _had, _mean, _steps
+from stratarl.observe.doctor.view import CONFIG, Finding, RunView
 
 REWARD_FALL = 0.5  # the later third's reward below this share of the early peak ...
 REWARD_FALL_MIN = 0.1  # ... and at least this much lower in absolute terms
