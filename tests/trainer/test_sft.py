@@ -225,3 +225,32 @@ def test_stop_on_plateau_without_held_out_evaluations_is_refused_naming_the_keys
     cfg = load_config(RECIPE, [f"model.path={task['model']}", "sft.stop_on_plateau=3", "sft.test_freq=0"])
     with pytest.raises(ConfigError, match=r"sft\.stop_on_plateau stops on held-out accuracy"):
         validate_config(cfg)
+
+
+def test_the_doctor_reads_an_sft_run(task, tmp_path):
+    """Was: "no training step logged yet" and nothing else. An SFT run of 3 steps leaves the tiny model
+    at ~0 % held-out accuracy: too low for GRPO's groups to carry signal, which the doctor says."""
+    from stratarl.cli import main
+    from stratarl.observe.doctor.diagnosis import diagnose, run_status
+    from stratarl.observe.doctor.view import load_run
+
+    run_dir = tmp_path / "sft"
+    overrides = [
+        f"data.train_files=['{task['train']}']",
+        f"data.val_files=['{task['test']}']",
+        "data.max_val_prompts=8",
+        f"model.path={task['model']}",
+        f"trainer.run_dir={run_dir}",
+        "sft.total_steps=3",
+        "sft.trajectories_per_step=8",
+        "sft.trajectories_per_micro_batch=8",
+    ]
+    assert main(["sft", str(RECIPE), *overrides]) == 0
+    view = load_run(run_dir)
+    assert run_status(view).startswith("SFT steps 1..3 of 3, finished")
+    findings = diagnose(view)
+    by_title = {f.title: f for f in findings}
+    assert "an SFT run" in by_title and "sft/loss" in by_title["an SFT run"].evidence[0]
+    low = by_title["held-out accuracy too low for GRPO to find signal"]
+    assert low.severity == "warning" and low.layer == "config" and "rollout.n" in low.evidence[0]
+    assert not [f for f in findings if f.severity == "problem"], findings

@@ -26,6 +26,7 @@ from stratarl.observe.doctor import learning as learning_checks
 from stratarl.observe.doctor import resources as resource_checks
 from stratarl.observe.doctor import reward as reward_checks
 from stratarl.observe.doctor import sampling as sampling_checks
+from stratarl.observe.doctor import sft as sft_checks
 from stratarl.observe.doctor import system as system_checks
 from stratarl.observe.doctor.run_state import check_progress, run_status
 from stratarl.observe.doctor.view import SEVERITIES, Finding, RunView, load_run
@@ -34,6 +35,7 @@ from stratarl.observe.doctor.view import SEVERITIES, Finding, RunView, load_run
 # broken policy explains truncation and missing signal; a misconfigured EOS explains truncation).
 CHECKS = (
     system_checks.check_hangs,
+    sft_checks.check_sft,
     sampling_checks.check_tokenizer_mismatch,
     data_checks.check_reward_constant,
     data_checks.check_scorer_failures,

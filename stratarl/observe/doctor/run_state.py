@@ -82,10 +82,15 @@ def resume_advice(view: RunView) -> str:
 
 
 def run_status(view: RunView) -> str:
-    steps = [int(r["step"]) for r in view.train]
-    total = view.setting("trainer.total_steps")
+    sft = [r for r in view.records if r.get("phase") == "sft"] if not view.train else []
+    steps = [int(r["step"]) for r in (sft or view.train)]
+    total = view.setting("sft.total_steps" if sft else "trainer.total_steps")
     of = f" of {total}" if total else ""
-    done = f"steps {min(steps)}..{max(steps)}{of}" if steps else "no training step logged yet"
+    done = (
+        f"{'SFT ' if sft else ''}steps {min(steps)}..{max(steps)}{of}"
+        if steps
+        else "no training step logged yet"
+    )
     if not steps and total:
         done += f" (total {total})"
     state = holder_state(view.lock)
