@@ -91,6 +91,29 @@ def _verl(args: argparse.Namespace) -> int:
     return _fit(cfg, on_claimed=lambda run_dir: translation.write(run_dir, args.overrides))
 
 
+def _config(args: argparse.Namespace) -> int:
+    """The resolved config of a run directory (its config.yaml) or a recipe, as YAML or a verl line."""
+    from stratarl.config import load_config
+    from stratarl.config.loading import to_yaml
+
+    source = Path(args.source)
+    if source.is_dir():
+        if not (source / "config.yaml").is_file():
+            raise InputError(f"{source} holds no config.yaml: give a run directory, or a recipe file")
+        source = source / "config.yaml"
+    elif not source.is_file():
+        raise InputError(f"{source}: no such run directory or recipe file")
+    cfg = load_config(source, args.overrides)  # keys and types; the files may live on another machine
+    if not args.as_verl:
+        print(to_yaml(cfg), end="")
+        return 0
+    from stratarl.config.verl_way_back import as_verl
+
+    print(f"# {args.source} as a verl 0.9.1 command line (stratarl config --as-verl)")
+    print(as_verl(cfg).text())
+    return 0
+
+
 def _sft(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -296,6 +319,21 @@ def build_parser() -> argparse.ArgumentParser:
     verl.add_argument("--dry-run", action="store_true", help="print the translation and the batch plan only")
     verl.add_argument("overrides", nargs="*", help="Hydra overrides: key=value, +key=value, ~key")
     verl.set_defaults(handler=_verl)
+
+    config = commands.add_parser(
+        "config",
+        parents=[debug],
+        help="print the resolved config of a run or a recipe; --as-verl: as a verl command line",
+        **_epilog(cli_help.config_epilog()),
+    )
+    config.add_argument("source", help="a run directory (its config.yaml) or a YAML recipe")
+    config.add_argument("overrides", nargs="*", help="dotted config overrides, as `stratarl train` takes")
+    config.add_argument(
+        "--as-verl",
+        action="store_true",
+        help="print verl's `python3 -m verl.trainer.main_ppo ...` line that trains the same run",
+    )
+    config.set_defaults(handler=_config)
 
     sft = commands.add_parser(
         "sft",

@@ -108,6 +108,21 @@ def verl_epilog() -> str:
     )
 
 
+def config_epilog() -> str:
+    return _join(
+        [
+            "examples:",
+            "  stratarl config runs/stratarl/grpo              the run's resolved settings, as YAML",
+            "  stratarl config recipes/quickstart.yaml --as-verl   the verl command line of a recipe",
+        ],
+        [
+            "--as-verl starts from verl 0.9.1's defaults and sets only what differs; settings verl cannot",
+            "take (our async modes, stratarl-only keys) are listed after it as comments, never dropped.",
+            "The way in: `stratarl verl ...`; the tables: docs/config.md#running-a-verl-command-line.",
+        ],
+    )
+
+
 def sft_epilog() -> str:
     return _join(
         _settings(SETTINGS_TITLE, SFT_SETTINGS),

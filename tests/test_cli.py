@@ -218,6 +218,7 @@ HELP_NAMES = {
     "sft": ["sft.total_steps", "sft.lr", "model.path", "data.train_files"],
     "verl": ["data.train_batch_size", "actor_rollout_ref.model.path", "--dry-run", "verl_translation.json"],
     "quickstart": ["sft.total_steps", "trainer.total_steps", "rollout.n"],
+    "config": ["--as-verl", "stratarl verl"],
     "init": ["--val", "--reward", "docs/own_task.md"],
     "trace": ["--worst", "docs/debugging.md"],
     "doctor": ["--json", "docs/debugging.md"],
@@ -238,6 +239,16 @@ def test_every_command_help_names_its_main_settings_and_points_to_the_config_doc
     assert all(name in out for name in HELP_NAMES[command]), out
     if command in ("train", "sft", "init"):  # every recipe file, by path
         assert all(f"recipes/{path.name}" in out for path in RECIPES.glob("*.yaml")), out
+
+
+def test_config_prints_a_recipes_resolved_settings_and_names_a_missing_source(tmp_path, capsys):
+    assert main(["config", str(RECIPES / "quickstart.yaml"), "rollout.n=3"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout:" in out and "'n': 3" in out and "max_response_tokens:" in out  # resolved, not overrides
+    assert main(["config", str(tmp_path / "nothing")]) == 2
+    assert "no such run directory or recipe file" in capsys.readouterr().err
+    assert main(["config", str(tmp_path)]) == 2  # a directory that is not a run
+    assert "holds no config.yaml" in capsys.readouterr().err
 
 
 def test_every_setting_the_help_names_is_a_config_key():

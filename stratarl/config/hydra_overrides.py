@@ -134,3 +134,25 @@ def _scalar(word: str) -> Any:
     if _FLOAT.match(word):
         return float(word.replace("_", ""))
     return word
+
+
+_BARE = re.compile(r"^[\w\-./+@%]+$")  # a plain string that Hydra reads back as itself
+
+
+def format_value(value: Any) -> str:
+    """`value` as override text that `parse_value` (and Hydra) reads back as the same value: the
+    inverse of `parse_value`, used to write a verl command line (`stratarl config RUN --as-verl`)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if _BARE.match(text) and _scalar(text) == text:
+        return text
+    return "'" + text.replace("'", "\\'") + "'"

@@ -28,7 +28,7 @@ with the same path as `stratarl train`:
         trainer.logger='["console"]' trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps=2
 
 `--dry-run` prints what each given key became and the batch plan, and stops. Every verl key is in
-one of three classes (`stratarl/config/verl_table_policy.py`, `verl_table_run.py`;
+one of three classes (`stratarl/config/verl_table_policy.py`, `verl_table_run.py`, `verl_table_reward.py`;
 `tests/config/test_verl_translation.py` fails when verl's generated config has a leaf in none):
 
 - **translated**: it sets our key, with the value mapping where units or spellings differ (below);
@@ -49,7 +49,22 @@ ours: `actor_rollout_ref.model.path (our model.path): directory not found`) are 
 code 2, before torch is imported. The run directory records the translation in
 `verl_translation.json`: the command line, and for every translated key (given or at verl's
 default) and every other key given, the verl key, its value, where it came from, its class, our key
-and our value (or the reason). Seeds are stratarl's `trainer.seed` (0): verl's seeds have no effect.
+and our value (or the reason). verl's `actor_rollout_ref.rollout.seed` (42) is our `trainer.seed`,
+which seeds sampling, initialisation and the mini-batch shuffle; verl's `data.seed` (null: an unseeded
+prompt order) is our `data.seed` (null: from `trainer.seed`, so the order repeats); its other seeds
+have no effect. More than one training process with `trainer.device=cuda` reserves one GPU per
+process where the machine has NVIDIA GPUs or `ray_kwargs.ray_init.address` names a cluster.
+
+**The way back.** `stratarl config RUN --as-verl` (RUN: a run directory, or a recipe file with
+overrides) prints the `python3 -m verl.trainer.main_ppo` line that trains the same run: verl's
+defaults, and an override for every translated setting whose value differs from what they give
+(`stratarl/config/verl_way_back.py`). The line is translated back before it is printed; a setting
+it does not carry (our `one_step_off`/`async` modes, settings no verl key has, such as
+`cluster.host_allocator`) is listed after it as a comment with the reason, never dropped.
+`tests/config/test_verl_way_back.py` takes five verl lines (GRPO with LoRA, PPO with a critic, DAPO,
+REINFORCE++, a multi-turn tool recipe) through verl → ours → verl and every recipe in `recipes/`
+through ours → verl → ours. Taking a script from verl's `examples/`:
+[coming_from_verl.md](coming_from_verl.md).
 """
 
 

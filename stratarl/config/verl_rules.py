@@ -6,6 +6,9 @@ the translation tables share (verl's dtype names, paths given as one string, per
     Refused      accepted only at verl's default; another value stops the run, naming our nearest way
 
 Patterns are `fnmatch` patterns over dotted keys (`*` crosses dots): `actor_rollout_ref.*.profiler.*`.
+
+A translation also knows the way back (`verl_values`): the verl keys that give one of our values,
+which `stratarl config RUN --as-verl` writes as a verl command line (`verl_way_back`).
 """
 
 from __future__ import annotations
@@ -31,16 +34,27 @@ class RefusedValue(ValueError):
 
 @dataclass(frozen=True)
 class Translation:
-    """Our key `ours`, computed from the verl keys it `reads` (default: the first one's value)."""
+    """Our key `ours`, computed from the verl keys it `reads` (default: the first one's value); `back`
+    gives the verl keys and values for one of our values (default: the first key takes it)."""
 
     ours: str
     reads: tuple[str, ...]
     compute: Callable[[VerlArgs], Any] | None = None
     how: str = ""  # the value mapping, where it is not the identity
     subtrees: tuple[str, ...] = ()  # verl prefixes whose every leaf it reads (free-form kwargs)
+    back: Callable[[Any, Any], dict[str, Any]] | None = None  # (our value, our whole RunConfig)
 
     def value(self, args: VerlArgs) -> Any:
         return self.compute(args) if self.compute else args.value(self.reads[0])
+
+    def verl_values(self, ours: Any, cfg: Any) -> dict[str, Any]:
+        """verl keys and values that translate to `ours` (our setting in RunConfig `cfg`); NoVerlForm
+        where verl cannot say it."""
+        return self.back(ours, cfg) if self.back else {self.reads[0]: ours}
+
+
+class NoVerlForm(ValueError):
+    """One of our values that no verl setting gives (the reason is the message)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,19 @@ def mixed_dtype(value: Any) -> str | None:
     """A compute dtype: fp32 means no mixed precision (our null)."""
     name = dtype_name(value)
     return None if name == "float32" else name
+
+
+_VERL_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def dtype_back(key: str) -> Callable[[Any, Any], dict[str, Any]]:
+    """Our dtype name (null: no mixed precision, fp32) as verl spells it."""
+    return lambda name, cfg: {key: _VERL_DTYPES[name or "float32"]}
+
+
+def none_if_empty(key: str) -> Callable[[Any, Any], dict[str, Any]]:
+    """The way back of `text_or_empty`: our empty string is verl's null."""
+    return lambda text, cfg: {key: text or None}
 
 
 def key_value(key: str) -> Callable[[VerlArgs], Any]:
@@ -128,6 +155,19 @@ def token_budget(dynamic_key: str, budget_key: str) -> Callable[[VerlArgs], int 
 
 def layout(key: str) -> Callable[[VerlArgs], str]:
     return lambda args: "packed" if args.value(key) else "padded"
+
+
+def layout_back(*keys: str) -> Callable[[Any, Any], dict[str, Any]]:
+    return lambda name, cfg: {key: name == "packed" for key in keys}
+
+
+def token_budget_back(dynamic_key: str, budget_key: str) -> Callable[[Any, Any], dict[str, Any]]:
+    """null (rows decide) → use_dynamic_bsz=false; a budget → use_dynamic_bsz=true and the budget."""
+
+    def back(budget: int | None, cfg: Any) -> dict[str, Any]:
+        return {dynamic_key: False} if budget is None else {dynamic_key: True, budget_key: budget}
+
+    return back
 
 
 def warmup_steps(steps_key: str, ratio_key: str) -> Callable[[VerlArgs], int]:

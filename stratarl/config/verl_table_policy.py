@@ -11,13 +11,17 @@ from stratarl.config.verl_rules import (
     Refused,
     RefusedValue,
     Translation,
+    dtype_back,
     dtype_name,
     layout,
+    layout_back,
     micro_batch,
     mixed_dtype,
+    none_if_empty,
     scheduler,
     text_or_empty,
     token_budget,
+    token_budget_back,
     vllm_installed,
     warmup_steps,
 )
@@ -51,6 +55,14 @@ def _val_temperature(args: VerlArgs) -> float:
     return temperature if temperature > 0 else 1.0  # greedy: ours reads no temperature
 
 
+def _val_greedy_back(greedy: bool, cfg: Any) -> dict[str, Any]:
+    """Sampling validation needs do_sample and a temperature above 0 (verl's 0 means greedy)."""
+    if greedy:
+        return {f"{R}.val_kwargs.do_sample": False}
+    temperature = cfg.rollout.val_kwargs.temperature
+    return {f"{R}.val_kwargs.do_sample": True, f"{R}.val_kwargs.temperature": temperature}
+
+
 def _clip(bound: str) -> Any:
     """clip_ratio_low/high; the older clip_ratio where only it was given."""
 
@@ -72,6 +84,9 @@ def _truncate_side(args: VerlArgs) -> str:
     return {"left": "head", "right": "tail", "middle": "middle"}.get(side, side)
 
 
+_VERL_SIDES = {"head": "left", "tail": "right"}
+
+
 def _reference_micro(args: VerlArgs) -> int:
     per_gpu = args.value(f"{REF}.log_prob_micro_batch_size_per_gpu")
     if per_gpu is not None:
@@ -80,8 +95,8 @@ def _reference_micro(args: VerlArgs) -> int:
                        f"{A}.ppo_micro_batch_size")(args)  # fmt: skip
 
 
-def _t(ours: str, *reads: str, compute: Any = None, how: str = "") -> Translation:
-    return Translation(ours, reads, compute, how)
+def _t(ours: str, *reads: str, compute: Any = None, how: str = "", back: Any = None) -> Translation:
+    return Translation(ours, reads, compute, how, back=back)
 
 
 PER_GPU = (
@@ -90,7 +105,12 @@ PER_GPU = (
 )
 TRANSLATIONS = [
     _t("model.path", f"{M}.path"),
-    _t("model.tokenizer_path", f"{M}.tokenizer_path", compute=text_or_empty(f"{M}.tokenizer_path")),
+    _t(
+        "model.tokenizer_path",
+        f"{M}.tokenizer_path",
+        compute=text_or_empty(f"{M}.tokenizer_path"),
+        back=none_if_empty(f"{M}.tokenizer_path"),
+    ),
     _t("model.trust_remote_code", f"{M}.trust_remote_code"),
     _t("model.gradient_checkpointing", f"{M}.enable_gradient_checkpointing"),
     _t(
@@ -98,6 +118,7 @@ TRANSLATIONS = [
         f"{A}.fsdp_config.model_dtype",
         compute=lambda a: dtype_name(a.value(f"{A}.fsdp_config.model_dtype")),
         how="fp32 → float32, bf16 → bfloat16",
+        back=dtype_back(f"{A}.fsdp_config.model_dtype"),
     ),
     _t("actor.lora.rank", f"{M}.lora_rank"),
     _t("actor.lora.alpha", f"{M}.lora_alpha", compute=lambda a: float(a.value(f"{M}.lora_alpha"))),
@@ -108,12 +129,14 @@ TRANSLATIONS = [
         f"{M}.use_remove_padding",
         compute=layout(f"{A}.use_remove_padding"),
         how="true → packed, false → padded",
+        back=layout_back(f"{A}.use_remove_padding"),
     ),
     _t(
         "reference.layout",
         f"{M}.use_remove_padding",
         compute=layout(f"{M}.use_remove_padding"),
         how="true → packed, false → padded",
+        back=layout_back(f"{M}.use_remove_padding"),
     ),
     _t(
         "rollout.backend",
@@ -121,6 +144,7 @@ TRANSLATIONS = [
         compute=_rollout_backend,
         how="vllm → vllm where vLLM is installed, else our torch engine (the same sampling); "
         "hf or not given → torch; sglang refused",
+        back=lambda backend, cfg: {f"{R}.name": "vllm"},  # verl's engine; ours samples as it does
     ),
     _t("rollout.n", f"{R}.n"),
     _t("rollout.temperature", f"{R}.temperature", compute=lambda a: float(a.value(f"{R}.temperature"))),
@@ -132,9 +156,15 @@ TRANSLATIONS = [
         "data.max_response_length",
         compute=lambda a: int(a.value(f"{R}.response_length")),
         how="tokens, as verl's (the rollout's response_length follows data.max_response_length)",
+        back=lambda tokens, cfg: {"data.max_response_length": tokens},
     ),
     _t("rollout.ignore_eos", f"{R}.ignore_eos"),
-    _t("rollout.dtype", f"{R}.dtype", compute=lambda a: dtype_name(a.value(f"{R}.dtype"))),
+    _t(
+        "rollout.dtype",
+        f"{R}.dtype",
+        compute=lambda a: dtype_name(a.value(f"{R}.dtype")),
+        back=dtype_back(f"{R}.dtype"),
+    ),
     _t("rollout.free_cache_engine", f"{R}.free_cache_engine"),
     _t(
         "rollout.trajectories_per_generate_batch",
@@ -148,6 +178,7 @@ TRANSLATIONS = [
         f"{R}.val_kwargs.temperature",
         compute=_val_greedy,
         how="greedy = not do_sample, or temperature 0",
+        back=_val_greedy_back,
     ),
     _t(
         "rollout.val_kwargs.temperature",
@@ -163,11 +194,17 @@ TRANSLATIONS = [
     _t("rollout.val_kwargs.top_k", f"{R}.val_kwargs.top_k"),
     _t("agent.enable", f"{MT}.enable"),
     _t("agent.default_agent", f"{R}.agent.default_agent_loop"),
-    _t("agent.tool_config_path", f"{MT}.tool_config_path", compute=text_or_empty(f"{MT}.tool_config_path")),
+    _t(
+        "agent.tool_config_path",
+        f"{MT}.tool_config_path",
+        compute=text_or_empty(f"{MT}.tool_config_path"),
+        back=none_if_empty(f"{MT}.tool_config_path"),
+    ),
     _t(
         "agent.interaction_config_path",
         f"{MT}.interaction_config_path",
         compute=text_or_empty(f"{MT}.interaction_config_path"),
+        back=none_if_empty(f"{MT}.interaction_config_path"),
     ),
     _t("agent.max_assistant_turns", f"{MT}.max_assistant_turns"),
     _t("agent.max_user_turns", f"{MT}.max_user_turns"),
@@ -179,6 +216,7 @@ TRANSLATIONS = [
         f"{MT}.tool_response_truncate_side",
         compute=_truncate_side,
         how="left → head, right → tail",
+        back=lambda side, cfg: {f"{MT}.tool_response_truncate_side": _VERL_SIDES.get(side, side)},
     ),
     _t("actor.lr", f"{A}.optim.lr"),
     _t("actor.weight_decay", f"{A}.optim.weight_decay"),
@@ -222,6 +260,7 @@ TRANSLATIONS = [
         f"{A}.ppo_max_token_len_per_gpu",
         compute=token_budget(f"{A}.use_dynamic_bsz", f"{A}.ppo_max_token_len_per_gpu"),
         how="tokens per worker when use_dynamic_bsz, else null (rows decide)",
+        back=token_budget_back(f"{A}.use_dynamic_bsz", f"{A}.ppo_max_token_len_per_gpu"),
     ),
     _t("actor.ppo_epochs", f"{A}.ppo_epochs"),
     _t("actor.shuffle", f"{A}.shuffle"),
@@ -257,6 +296,7 @@ TRANSLATIONS = [
         f"{A}.fsdp_config.dtype",
         compute=lambda a: mixed_dtype(a.value(f"{A}.fsdp_config.dtype")),
         how="the compute dtype of FSDP mixed precision; fp32 → null",
+        back=dtype_back(f"{A}.fsdp_config.dtype"),
     ),
     _t("actor.fsdp.offload_params", f"{A}.fsdp_config.param_offload"),
     _t("actor.fsdp.optimizer_offload", f"{A}.fsdp_config.optimizer_offload"),
@@ -272,6 +312,7 @@ TRANSLATIONS = [
         f"{REF}.log_prob_use_dynamic_bsz",
         f"{REF}.log_prob_max_token_len_per_gpu",
         compute=token_budget(f"{REF}.log_prob_use_dynamic_bsz", f"{REF}.log_prob_max_token_len_per_gpu"),
+        back=token_budget_back(f"{REF}.log_prob_use_dynamic_bsz", f"{REF}.log_prob_max_token_len_per_gpu"),
     ),
 ]
 
@@ -373,12 +414,12 @@ NO_EFFECT = [
             f"{REF}.ulysses_sequence_parallel_size",
             f"{A}.fsdp_config.seed",
             f"{A}.data_loader_seed",
-            f"{R}.seed",
             "actor_rollout_ref.hybrid_engine",
             "actor_rollout_ref.nccl_timeout",
         ),
         "follows another key (translated) or the seed: verl copies rollout.n and the strategy into every "
-        "role; seeds here derive from stratarl's trainer.seed; nccl_timeout: cluster.call_timeout_s",
+        "role; seeds here derive from trainer.seed (translated from rollout.seed); nccl_timeout: "
+        "cluster.call_timeout_s",
     ),
     NoEffect(
         (

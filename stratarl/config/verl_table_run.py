@@ -1,23 +1,31 @@
 """Layer 1, config: how verl's keys outside the policy — `data`, `trainer`, `algorithm`, `critic`,
-`reward*`, the cluster and the rest — translate to ours, have no effect here, or are refused."""
+the cluster and the rest — translate to ours, have no effect here, or are refused; `reward*` keys
+have no effect or are refused here, and translate in `verl_table_reward`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 from stratarl.config.verl_args import VerlArgs
 from stratarl.config.verl_rules import (
     NoEffect,
+    NoVerlForm,
     Refused,
     RefusedValue,
     Translation,
+    dtype_back,
     file_list,
     layout,
+    layout_back,
     micro_batch,
     mixed_dtype,
+    none_if_empty,
     text_or_empty,
     token_budget,
+    token_budget_back,
     warmup_steps,
     world_size,
 )
@@ -27,8 +35,8 @@ A = "actor_rollout_ref.actor"
 LOGGERS = ("console", "wandb", "tensorboard")
 
 
-def _t(ours: str, *reads: str, compute: Any = None, how: str = "") -> Translation:
-    return Translation(ours, reads, compute, how)
+def _t(ours: str, *reads: str, compute: Any = None, how: str = "", back: Any = None) -> Translation:
+    return Translation(ours, reads, compute, how, back=back)
 
 
 def _device(args: VerlArgs) -> str:
@@ -44,7 +52,7 @@ def _logger(args: VerlArgs) -> list[str]:
     unknown = [name for name in names if name not in LOGGERS]
     if unknown:
         raise RefusedValue(f"loggers {unknown} are not built here", f"{T}.logger=[console,wandb,tensorboard]")
-    return names
+    return [*names, "jsonl"]  # metrics.jsonl is the run's own record, written always
 
 
 def _trainer_mode(args: VerlArgs) -> str:
@@ -56,60 +64,32 @@ def _trainer_mode(args: VerlArgs) -> str:
     return "sync"
 
 
-def _either(legacy: str, current: str, empty: Any = "") -> Any:
-    """A verl key with a legacy twin (custom_reward_function.* and reward.custom_reward_function.*)."""
-
-    def value(args: VerlArgs) -> Any:
-        chosen = args.value(legacy) if args.value(legacy) is not None else args.value(current)
-        return empty if chosen is None else chosen
-
-    return value
-
-
-REWARD_KWARGS = ("custom_reward_function.reward_kwargs", "reward.reward_kwargs")
-OVERLONG = "overlong_buffer_cfg"  # DAPO's scripts: +reward.reward_kwargs.overlong_buffer_cfg.enable=True
-
-
-def _reward_kwargs(args: VerlArgs) -> dict:
-    """The scoring function's keyword arguments; DAPO's overlong buffer is not one (it is ours:
-    reward.overlong_buffer.*)."""
-    flat = args.subtree(REWARD_KWARGS[0]) | args.subtree(REWARD_KWARGS[1])
-    tree: dict = {}
-    for key, value in flat.items():
-        if key.split(".")[0] == OVERLONG:
-            continue
-        *parents, leaf = key.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
-
-
-def _overlong(leaf: str, default: Any) -> Callable[[VerlArgs], Any]:
-    """One leaf of DAPO's overlong_buffer_cfg, under either reward_kwargs prefix."""
-
-    def value(args: VerlArgs) -> Any:
-        for prefix in REWARD_KWARGS:
-            found = args.value(f"{prefix}.{OVERLONG}.{leaf}")
-            if found is not None:
-                return found
-        return default
-
-    return value
-
-
-def _overlong_enable(args: VerlArgs) -> bool:
-    """overlong_buffer_cfg.enable; its max_resp_len must be the response budget, as ours always is
-    (rollout.max_response_tokens, from data.max_response_length)."""
-    budget, cap = _overlong("max_resp_len", None)(args), args.value("data.max_response_length")
-    if budget is not None and int(budget) != int(cap):
-        raise RefusedValue(
-            f"{OVERLONG}.max_resp_len={budget} differs from data.max_response_length={cap}; here the "
-            "penalty always counts against the response budget",
-            "set max_resp_len to data.max_response_length (or leave it out)",
+def _trainer_mode_back(mode: str, cfg: Any) -> dict[str, Any]:
+    if mode != "sync":
+        raise NoVerlForm(
+            "verl's main_ppo trains synchronously; its one-step-off and fully async trainers are "
+            "separate programs (recipe/one_step_off_policy, recipe/fully_async_policy)"
         )
-    return bool(_overlong("enable", False)(args))
+    return {f"{T}.v1.trainer_mode": "sync"}
+
+
+def _backend_back(backend: str, cfg: Any) -> dict[str, Any]:
+    """verl runs every job on Ray; our in-process backend is one training process, which a verl run
+    of one GPU is."""
+    return {}
+
+
+def _gpus_per_worker(args: VerlArgs) -> float:
+    if args.value(f"{T}.device") != "cuda" or world_size(args) <= 1:
+        return 0.0
+    return 1.0 if args.value("ray_kwargs.ray_init.address") or _machine_has_gpus() else 0.0
+
+
+def _machine_has_gpus() -> bool:
+    """NVIDIA GPUs visible to this process, seen without importing torch."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return any(re.fullmatch(r"nvidia\d+", p.name) for p in Path("/dev").glob("nvidia*"))
 
 
 def _filter_metric(args: VerlArgs) -> str:
@@ -146,13 +126,28 @@ TRANSLATIONS = [
     _t("data.max_train_prompts", "data.train_max_samples"),
     _t("data.max_val_prompts", "data.val_max_samples"),
     _t("data.shuffle", "data.shuffle"),
-    _t("data.seed", "data.seed"),
+    _t(
+        "data.seed",
+        "data.seed",
+        how="null: verl's sampler is unseeded (another order each launch); ours follows trainer.seed",
+    ),
+    _t(
+        "trainer.seed",
+        "actor_rollout_ref.rollout.seed",
+        how="the rollout's seed (verl seeds sampling with it, replica rank added) seeds everything here: "
+        "sampling, the actor's mini-batch shuffle, initialisation",
+    ),
     _t("trainer.total_steps", f"{T}.total_training_steps"),
     _t("trainer.total_epochs", f"{T}.total_epochs"),
     _t("trainer.test_freq", f"{T}.test_freq", how="-1 → never, as ours (≤ 0)"),
     _t("trainer.save_freq", f"{T}.save_freq", how="-1 → never, as ours (≤ 0)"),
     _t("trainer.resume_mode", f"{T}.resume_mode"),
-    _t("trainer.resume_from_path", f"{T}.resume_from_path", compute=text_or_empty(f"{T}.resume_from_path")),
+    _t(
+        "trainer.resume_from_path",
+        f"{T}.resume_from_path",
+        compute=text_or_empty(f"{T}.resume_from_path"),
+        back=none_if_empty(f"{T}.resume_from_path"),
+    ),
     _t("trainer.max_checkpoints_to_keep", f"{T}.max_actor_ckpt_to_keep"),
     _t("trainer.val_before_train", f"{T}.val_before_train"),
     _t("trainer.val_only", f"{T}.val_only"),
@@ -163,22 +158,48 @@ TRANSLATIONS = [
     ),
     _t("trainer.project_name", f"{T}.project_name"),
     _t("trainer.experiment_name", f"{T}.experiment_name"),
-    _t("trainer.logger", f"{T}.logger", compute=_logger, how="metrics.jsonl is written besides, always"),
-    _t("trainer.mode", f"{T}.v1.trainer_mode", compute=_trainer_mode),
+    _t(
+        "trainer.logger",
+        f"{T}.logger",
+        compute=_logger,
+        how="metrics.jsonl is written besides, always (ours: jsonl)",
+        back=lambda names, cfg: {f"{T}.logger": [name for name in names if name != "jsonl"]},
+    ),
+    _t("trainer.mode", f"{T}.v1.trainer_mode", compute=_trainer_mode, back=_trainer_mode_back),
     _t("critic.warmup_training_steps", f"{T}.critic_warmup"),
-    _t("cluster.training_workers", f"{T}.n_gpus_per_node", f"{T}.nnodes", compute=world_size, how=WORLD),
+    _t(
+        "cluster.training_workers",
+        f"{T}.n_gpus_per_node",
+        f"{T}.nnodes",
+        compute=world_size,
+        how=WORLD,
+        back=lambda workers, cfg: {f"{T}.n_gpus_per_node": workers, f"{T}.nnodes": 1},
+    ),
     _t(
         "cluster.backend",
         f"{T}.n_gpus_per_node",
         f"{T}.nnodes",
         compute=lambda a: "ray" if world_size(a) > 1 else "in-process",
         how="more than one process: Ray, else this process",
+        back=_backend_back,
     ),
     _t(
         "cluster.device",
         f"{T}.device",
         compute=_device,
         how="cuda → auto (CUDA where this machine has it, else cpu)",
+        back=lambda device, cfg: {f"{T}.device": "cpu" if device == "cpu" else "cuda"},
+    ),
+    _t(
+        "cluster.gpus_per_training_worker",
+        f"{T}.device",
+        f"{T}.n_gpus_per_node",
+        f"{T}.nnodes",
+        "ray_kwargs.ray_init.address",
+        compute=_gpus_per_worker,
+        how="device cuda and more than one process: 1 GPU each where this machine has NVIDIA GPUs or "
+        "ray_init.address names a cluster; else 0 (CPU processes)",
+        back=lambda gpus, cfg: {},  # follows trainer.device and the machine
     ),
     _t("cluster.num_cpus", "ray_kwargs.ray_init.num_cpus"),
     _t("cluster.address", "ray_kwargs.ray_init.address"),
@@ -188,6 +209,10 @@ TRANSLATIONS = [
         "transfer_queue.backend.SimpleStorage.num_data_storage_units",
         compute=_transfer_units,
         how="enable=false → 0 (batches through the controller), else its storage units",
+        back=lambda units, cfg: (
+            {"transfer_queue.enable": units > 0}
+            | ({"transfer_queue.backend.SimpleStorage.num_data_storage_units": units} if units > 0 else {})
+        ),
     ),
     _t("algorithm.adv_estimator", f"{AL}.adv_estimator"),
     _t("algorithm.gamma", f"{AL}.gamma"),
@@ -229,6 +254,7 @@ TRANSLATIONS = [
         f"{C}.model.path",
         compute=lambda a: a.value(f"{C}.model.path") if a.is_given(f"{C}.model.path") else "",
         how="not given: '' (the policy's model; verl's default is a placeholder path)",
+        back=lambda path, cfg: {f"{C}.model.path": path or "${actor_rollout_ref.model.path}"},
     ),
     _t("critic.lr", f"{C}.optim.lr"),
     _t("critic.weight_decay", f"{C}.optim.weight_decay"),
@@ -261,12 +287,14 @@ TRANSLATIONS = [
         f"{C}.use_dynamic_bsz",
         f"{C}.ppo_max_token_len_per_gpu",
         compute=token_budget(f"{C}.use_dynamic_bsz", f"{C}.ppo_max_token_len_per_gpu"),
+        back=token_budget_back(f"{C}.use_dynamic_bsz", f"{C}.ppo_max_token_len_per_gpu"),
     ),
     _t(
         "critic.layout",
         f"{C}.model.use_remove_padding",
         compute=layout(f"{C}.model.use_remove_padding"),
         how="true → packed",
+        back=layout_back(f"{C}.model.use_remove_padding"),
     ),
     _t("critic.gradient_checkpointing", f"{C}.model.enable_gradient_checkpointing"),
     _t("critic.ppo_epochs", f"{C}.ppo_epochs"),
@@ -277,55 +305,10 @@ TRANSLATIONS = [
         f"{C}.fsdp.dtype",
         compute=lambda a: mixed_dtype(a.value(f"{C}.fsdp.dtype")),
         how="fp32 → null",
+        back=dtype_back(f"{C}.fsdp.dtype"),
     ),
     _t("critic.fsdp.offload_params", f"{C}.fsdp.param_offload"),
     _t("critic.fsdp.reshard_after_forward", f"{C}.fsdp.reshard_after_forward"),
-    _t(
-        "reward.custom_function_path",
-        "custom_reward_function.path",
-        "reward.custom_reward_function.path",
-        compute=_either("custom_reward_function.path", "reward.custom_reward_function.path"),
-    ),
-    _t(
-        "reward.custom_function_name",
-        "custom_reward_function.name",
-        "reward.custom_reward_function.name",
-        compute=_either("custom_reward_function.name", "reward.custom_reward_function.name"),
-    ),
-    Translation(
-        "reward.function_kwargs",
-        (),
-        _reward_kwargs,
-        "the keyword arguments of the scoring function",
-        subtrees=REWARD_KWARGS,
-    ),
-    *(
-        Translation(
-            f"reward.overlong_buffer.{leaf}",
-            (),
-            compute,
-            f"reward_kwargs.{OVERLONG}.{leaf}" + note,
-            subtrees=tuple(f"{prefix}.{OVERLONG}" for prefix in REWARD_KWARGS),
-        )
-        for leaf, compute, note in (
-            ("enable", _overlong_enable, "; a max_resp_len given must be data.max_response_length"),
-            ("len", _overlong("len", 0), ""),
-            ("penalty_factor", _overlong("penalty_factor", 1.0), ""),
-        )
-    ),
-    _t("reward.num_workers", "reward.num_workers", how="scoring processes"),
-    _t(
-        "reward.model.enable",
-        "reward_model.enable",
-        "reward.reward_model.enable",
-        compute=_either("reward_model.enable", "reward.reward_model.enable", False),
-    ),
-    _t(
-        "reward.model.path",
-        "reward_model.model.path",
-        "reward.reward_model.model_path",
-        compute=_either("reward_model.model.path", "reward.reward_model.model_path"),
-    ),
 ]
 
 NO_EFFECT = [

@@ -40,8 +40,25 @@ def test_verls_defaults_translate_and_win_over_ours():
     assert s["model"]["gradient_checkpointing"] is True  # verl's default; ours is false
     assert s["rollout"]["dtype"] == "bfloat16" and s["actor"]["fsdp"]["param_dtype"] == "bfloat16"
     assert s["rollout"]["val_kwargs"]["greedy"] is True  # do_sample=false, temperature 0
-    assert s["cluster"] == {"training_workers": 8, "backend": "ray", "device": "auto", "num_cpus": None,
-                            "address": None, "transfer_queue_units": 0}  # fmt: skip
+    assert s["cluster"] == {
+        "training_workers": 8,
+        "backend": "ray",
+        "device": "auto",
+        "num_cpus": None,
+        "address": None,
+        "transfer_queue_units": 0,
+        "gpus_per_training_worker": 0.0,
+    }  # fmt: skip  (this machine has no GPU)
+    assert s["trainer"]["seed"] == 42 and s["data"]["seed"] is None  # verl's rollout.seed seeds the run
+
+
+def test_several_gpus_reserve_one_gpu_per_training_process_on_a_gpu_cluster():
+    cluster = "trainer.n_gpus_per_node=4", "trainer.nnodes=2", "+ray_kwargs.ray_init.address=10.0.0.1:6379"
+    s = ours(*cluster)
+    assert s["cluster"]["training_workers"] == 8 and s["cluster"]["backend"] == "ray"
+    assert s["cluster"]["gpus_per_training_worker"] == 1.0
+    assert ours(*cluster, "trainer.device=cpu")["cluster"]["gpus_per_training_worker"] == 0.0
+    assert ours("trainer.n_gpus_per_node=1", "trainer.nnodes=1")["cluster"]["gpus_per_training_worker"] == 0.0
 
 
 def test_batch_sizes_map_with_their_units():
