@@ -296,6 +296,9 @@ def _sft_run(
     def after_step(step: int) -> bool:
         if not (s.test_freq and step % s.test_freq == 0):
             return False
+        # The engine must serve this step's weights: a shared engine's cached prompt KV is still
+        # the last sync's (the random init's), and a held-out evaluation on it measures that model.
+        worker.sync_weights()
         if plateau.update(accuracy(step)):
             stopped_at.append(step)
         return bool(stopped_at)

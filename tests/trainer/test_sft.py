@@ -184,6 +184,30 @@ def test_sft_records_what_train_records_and_stops_on_a_plateau(task, tmp_path, c
     assert steps == [1, 2]
 
 
+def test_a_held_out_evaluation_during_sft_sees_that_steps_weights(task, tmp_path, monkeypatch):
+    """Was: the engine was synced only after the last step, so an evaluation at sft.test_freq ran on
+    the prompt KV cached at step 0 (the random init's): 0 % at step 600 on a task whose saved weights
+    scored 29 %, and sft.stop_on_plateau stopped on that false plateau."""
+    from stratarl.cli import main
+    from stratarl.trainer import sft
+
+    versions = []
+    evaluate = sft.evaluate_accuracy
+    monkeypatch.setattr(
+        sft,
+        "evaluate_accuracy",
+        lambda worker, *a, **k: versions.append(worker.weight_version) or evaluate(worker, *a, **k),
+    )
+    overrides = [
+        f"data.train_files=['{task['train']}']", f"data.val_files=['{task['test']}']",
+        "data.max_val_prompts=4", f"model.path={task['model']}", f"trainer.run_dir={tmp_path / 'sft'}",
+        "sft.total_steps=4", "sft.test_freq=1", "sft.trajectories_per_step=8",
+        "sft.trajectories_per_micro_batch=8",
+    ]  # fmt: skip
+    assert main(["sft", str(RECIPE), *overrides]) == 0
+    assert versions == [0, 1, 2, 3, 4]  # steps 0..3 as they run, step 4 after the final sync
+
+
 def test_the_plateau_counts_evaluations_that_gain_less_than_delta():
     from stratarl.trainer.sft import Plateau
 
