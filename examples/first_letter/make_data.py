@@ -75,7 +75,7 @@ def main() -> None:
     rng, seen, pairs = random.Random(args.seed), set(), []
     while len(pairs) < args.n_train + args.n_test:
         drawn = draw(rng, rng.randint(args.min_count, args.max_count))
-        if drawn is not None and drawn[0] not in seen:
+        if drawn[0] not in seen:
             seen.add(drawn[0])
             pairs.append(drawn)
     args.out.mkdir(parents=True, exist_ok=True)

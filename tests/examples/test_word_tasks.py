@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TASKS = ["first_letter", "longest_word", "reverse_words"]
+TASKS = ["first_letter", "first_alphabetical", "reverse_words"]
 
 
 def load_reward(task: str):
@@ -60,8 +60,8 @@ def test_the_ground_truth_is_the_right_answer(task_rows):
         if task == "first_letter":
             letter = question(row).split("'")[1]
             assert [w for w in words if w[0] == letter] == [truth]
-        elif task == "longest_word":
-            assert [w for w in words if len(w) >= len(truth)] == [truth]
+        elif task == "first_alphabetical":
+            assert len(set(words)) == len(words) and truth == sorted(words)[0]
         else:
             assert truth == " ".join(w[::-1] for w in words)
 

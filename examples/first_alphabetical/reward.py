@@ -1,5 +1,5 @@
-"""The longest_word example's reward (docs/own_task.md#three-more-tasks), with verl's signature: 1 for
-exactly the longest word of the list after 'Answer: ', else 0; `acc` and
+"""The first_alphabetical example's reward (docs/own_task.md#three-more-tasks), with verl's signature: 1 for
+exactly the word of the list that comes first alphabetically after 'Answer: ', else 0; `acc` and
 `format_ok` ride along as extras (metrics, records)."""
 
 import re

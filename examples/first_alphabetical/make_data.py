@@ -1,11 +1,10 @@
-"""An example of bringing your own task (docs/own_task.md#three-more-tasks): name the longest word of
-a list, as verl-schema parquet.
+"""An example of bringing your own task (docs/own_task.md#three-more-tasks): name the word of a list
+that comes first in alphabetical order, as verl-schema parquet.
 
-"Which word is longest: cat, window, sun? Reply as 'Answer: <word>'." → "Answer: window".
-Each row: data_source "longest_word", a one-message chat prompt, reward_model.ground_truth = the
-word, extra_info.answer = the reference response used by SFT. Only lists with one longest word are
-kept; train and test hold distinct lists.
-Run: python examples/longest_word/make_data.py --out data/longest_word
+"Which word comes first alphabetically: sun, window, cat? Reply as 'Answer: <word>'." → "Answer: cat".
+Each row: data_source "first_alphabetical", a one-message chat prompt, reward_model.ground_truth =
+the word, extra_info.answer = the reference response used by SFT. Train and test hold distinct lists.
+Run: python examples/first_alphabetical/make_data.py --out data/first_alphabetical
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-DATA_SOURCE = "longest_word"
+DATA_SOURCE = "first_alphabetical"
 
 # A few hundred common English words (3–8 letters), written here so the example needs no download.
 WORDS = """
@@ -42,14 +41,11 @@ strong sweet tall thin tiny warm weak wet wide wild wise young
 """.split()  # noqa: SIM905 (a list literal of 308 strings reads worse)
 
 
-def draw(rng: random.Random, count: int) -> tuple[str, str] | None:
-    """A list of `count` distinct words and its longest word; None when two share the longest length."""
+def draw(rng: random.Random, count: int) -> tuple[str, str]:
+    """A list of `count` distinct words, and the one that comes first alphabetically."""
     words = rng.sample(WORDS, count)
-    lengths = sorted((len(w) for w in words), reverse=True)
-    if lengths[0] == lengths[1]:
-        return None
-    question = f"Which word is longest: {', '.join(words)}? Reply as 'Answer: <word>'."
-    return question, max(words, key=len)
+    question = f"Which word comes first alphabetically: {', '.join(words)}? Reply as 'Answer: <word>'."
+    return question, min(words)
 
 
 def row(question: str, truth: str, split: str, index: int) -> dict:
@@ -68,13 +64,13 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=2000)
     parser.add_argument("--n-test", type=int, default=200)
     parser.add_argument("--min-count", type=int, default=3, help="fewest words in a list")
-    parser.add_argument("--max-count", type=int, default=5, help="most words in a list")
+    parser.add_argument("--max-count", type=int, default=6, help="most words in a list")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng, seen, pairs = random.Random(args.seed), set(), []
     while len(pairs) < args.n_train + args.n_test:
         drawn = draw(rng, rng.randint(args.min_count, args.max_count))
-        if drawn is not None and drawn[0] not in seen:
+        if drawn[0] not in seen:
             seen.add(drawn[0])
             pairs.append(drawn)
     args.out.mkdir(parents=True, exist_ok=True)
