@@ -207,8 +207,8 @@ def check_cold_sampling(view: RunView, earlier: list[Finding]) -> list[Finding]:
         return []
     if not cold and (_had(earlier, "policy_broken") or _had(earlier, "negative_entropy_bonus")):
         return []  # a collapsed policy samples one response at any temperature: that finding says why
-    if not cold and (memorized := _memorized_training_prompts(view, share)):
-        return memorized
+    if not cold and (solved := _solved_training_prompts(view, share)):
+        return solved
     evidence = [f"rollout.temperature = {temperature}"]
     if total:
         evidence.append(
@@ -242,17 +242,17 @@ def check_cold_sampling(view: RunView, earlier: list[Finding]) -> list[Finding]:
     ]
 
 
-def _memorized_training_prompts(view: RunView, share: float) -> list[Finding]:
-    """Identical samples on training prompts the policy already answers right, while held-out accuracy
-    stays far lower: the model has memorized its training prompts (SFT on the same rows), not learned
-    the task. Its groups carry no signal at any temperature: the sampler is not the cause."""
+def _solved_training_prompts(view: RunView, share: float) -> list[Finding]:
+    """Identical samples on training prompts the policy already answers right (training reward at or
+    above SOLVED): its groups carry no signal at any temperature, so the sampler is not the cause.
+    With held-out accuracy far below, the model has memorized its training prompts (SFT on the same
+    rows) rather than learned the task; otherwise the task is solved."""
     train = _late(view.series("reward/acc/mean") or view.series("score/mean"))
     key, held_out = val_series(view)
     if not train or not held_out or _mean(train) < SOLVED:
         return []
     late_val = _mean(_late(held_out))
-    if late_val > _mean(train) - MEMORIZED_GAP:
-        return []
+    memorized = late_val <= _mean(train) - MEMORIZED_GAP
     evidence = [
         f"{share:.0%} of traced groups sample one response n times; training reward {_mean(train):.2f} "
         f"(later half), held-out {key} {late_val:.2f}",
@@ -262,6 +262,16 @@ def _memorized_training_prompts(view: RunView, share: float) -> list[Finding]:
         evidence.append(
             f"batch/groups_with_signal mean {_mean([v for _, v in signal]):.0%} ({_steps(signal)})"
         )
+    if not memorized:
+        return [
+            Finding(
+                "warning", CONFIG, "the training prompts are solved: few groups left to learn from",
+                evidence,
+                "GRPO learns only where a prompt's samples differ: harder prompts give it room, or "
+                "the run is done",
+                key="solved_prompts",
+            )
+        ]  # fmt: skip
     return [
         Finding(
             "problem", CONFIG, "the training prompts are memorized: solved in training, not held out",
