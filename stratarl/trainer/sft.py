@@ -237,8 +237,8 @@ LOW_SIGNAL_SHARE = 0.5
 
 
 def sft_warm_start_warning(cfg: RunConfig) -> str | None:
-    """A warning when model.path is the output of `stratarl sft` whose held-out accuracy is too low for
-    GRPO to find signal; None otherwise (another model, or accuracy enough)."""
+    """A warning when model.path is the output of `stratarl sft` whose held-out accuracy leaves GRPO
+    few groups with signal (too low, or too high); None otherwise (another model, or accuracy between)."""
     result = read_sft_result(cfg.model.path)
     accuracy = (result or {}).get("accuracy_after")
     if not isinstance(accuracy, int | float) or math.isnan(accuracy):
@@ -250,8 +250,21 @@ def sft_warm_start_warning(cfg: RunConfig) -> str | None:
     return (
         f"model.path comes from an SFT run that scored {accuracy:.1%} held-out accuracy after "
         f"{result.get('steps')} steps: with rollout.n={n} about {share:.0%} of groups would have any "
-        f"reward difference (1 − pⁿ − (1 − p)ⁿ), too few for GRPO to learn from; train SFT longer "
-        "(sft.total_steps, or sft.test_freq with sft.stop_on_plateau) or raise rollout.n"
+        f"reward difference (1 − pⁿ − (1 − p)ⁿ), too few for GRPO to learn from; "
+        + low_signal_remedy(accuracy)
+    )
+
+
+def low_signal_remedy(accuracy: float) -> str:
+    """What to do when accuracy leaves few groups with signal: too low, more SFT; too high (most
+    groups all right), more SFT only makes it fewer."""
+    if accuracy < 0.5:
+        return (
+            "train SFT longer (sft.total_steps, or sft.test_freq with sft.stop_on_plateau) or raise rollout.n"
+        )
+    return (
+        "most groups would be all right: GRPO has little left to learn on these prompts (harder "
+        "prompts, or raise rollout.n); more SFT makes it fewer"
     )
 
 

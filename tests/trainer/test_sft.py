@@ -241,6 +241,12 @@ def test_train_warns_when_the_sft_model_it_starts_from_scored_too_low_for_group_
     assert sft_warm_start_warning(cfg) is None
     cfg = load_config(RECIPE, [f"model.path={model}", "rollout.n=2"])  # 1 − .57² − .43² = 0.49
     assert "rollout.n=2 about 49% of groups" in sft_warm_start_warning(cfg)
+    assert "train SFT longer" in warning
+    # Was: the same advice at 92.5 % (examples/reverse_words), where more SFT leaves fewer groups.
+    (model / "sft_result.json").write_text(json.dumps({"accuracy_after": 0.925, "steps": 700}))
+    high = sft_warm_start_warning(load_config(RECIPE, [f"model.path={model}", "rollout.n=8"]))
+    assert "about 46% of groups" in high and "most groups would be all right" in high
+    assert "train SFT longer" not in high
 
 
 def test_stop_on_plateau_without_held_out_evaluations_is_refused_naming_the_keys(task):
