@@ -194,22 +194,23 @@ def _check_example_lengths(
 def sft_from_config(
     cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None, stop: StopRequest | None = None
 ) -> dict[str, Any]:
-    """`stratarl sft`: SFT on data.train_files with the `sft` settings; greedy accuracy on
-    data.val_files before and after; the result saved HF-loadable in run_dir/final, the summary in
-    run_dir/summary.json. The run directory must be empty (or trainer.overwrite): SFT never resumes.
-    The inputs are checked (`preflight`) before the model loads. With `stop` (the CLI's) Ctrl-C
-    stops after the step that runs, marks the run interrupted and raises RunInterrupted (nothing
-    is saved: SFT keeps no checkpoints)."""
+    """`stratarl sft`: SFT on sft.train_files (empty: data.train_files) with the `sft` settings;
+    greedy accuracy on data.val_files before and after; the result saved HF-loadable in
+    run_dir/final, the summary in run_dir/summary.json. The run directory must be empty (or
+    trainer.overwrite): SFT never resumes. The inputs are checked (`preflight`) before the model
+    loads. With `stop` (the CLI's) Ctrl-C stops after the step that runs, marks the run interrupted
+    and raises RunInterrupted (nothing is saved: SFT keeps no checkpoints)."""
     console, t = console or Console(), cfg.trainer
     with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
         lock = RunLock(run_dir).acquire()
         cleanup.callback(lock.release)
         compute_score = preflight.reward_function(cfg)
         tokenizer = datasets.load_tokenizer(cfg)
-        train_set = preflight.load_split(cfg, "data.train_files", tokenizer)
+        train_key = preflight.sft_train_key(cfg)
+        train_set = preflight.load_split(cfg, train_key, tokenizer)
         val_set = preflight.load_split(cfg, "data.val_files", tokenizer) if cfg.data.val_files else None
-        preflight.check_sft_answers(train_set)
-        preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens)
+        preflight.check_sft_answers(train_set, train_key)
+        preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens, train_key)
         preflight.check_data_sources(compute_score, {"data.val_files": val_set})
         claim = claim_run_directory(lock, cfg, total_steps=None, console=console, can_resume=False)
         cleanup.callback(claim.release)

@@ -284,3 +284,53 @@ def test_the_doctor_reads_an_sft_run(task, tmp_path):
     low = by_title["held-out accuracy too low for GRPO to find signal"]
     assert low.severity == "warning" and low.layer == "config" and "rollout.n" in low.evidence[0]
     assert not [f for f in findings if f.severity == "problem"], findings
+
+
+def _rows_without_answers(src, dst, keep: int):
+    """The first `keep` rows of `src` with extra_info.answer removed, written to `dst`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(src).to_pylist()[:keep]
+    for row in rows:
+        row["extra_info"] = {k: v for k, v in row["extra_info"].items() if k != "answer"}
+    pq.write_table(pa.Table.from_pylist(rows), dst)
+    return dst
+
+
+def test_sft_trains_on_sft_train_files_when_given(task, tmp_path, monkeypatch):
+    """sft.train_files are SFT's rows, data.train_files (the RL run's) are not read; empty: the RL run's."""
+    import pyarrow.parquet as pq
+
+    from stratarl.trainer import sft
+
+    own = tmp_path / "sft_rows.parquet"
+    pq.write_table(pq.read_table(task["train"]).slice(0, 10), own)
+    # GRPO's rows have no reference answers: SFT would refuse them
+    rl = _rows_without_answers(task["train"], tmp_path / "rl_rows.parquet", keep=64)
+    trained_on = []
+    monkeypatch.setattr(sft, "_sft_run", lambda cfg, claim, log, tok, rows, *rest: trained_on.append(rows))
+    paths = [f"data.train_files=['{rl}']", f"model.path={task['model']}", "data.val_files=[]"]
+    cfg = load_config(RECIPE, [*paths, f"sft.train_files=['{own}']", f"trainer.run_dir={tmp_path / 'a'}"])
+    sft.sft_from_config(cfg, tmp_path / "a")
+    assert len(trained_on[0]) == 10 and {it.source_file for it in trained_on[0].items} == {str(own)}
+    from stratarl.config import ConfigError
+
+    cfg = load_config(RECIPE, [*paths, f"trainer.run_dir={tmp_path / 'b'}"])
+    with pytest.raises(ConfigError, match=r"data\.train_files.*SFT needs extra_info\['answer'\]"):
+        sft.sft_from_config(cfg, tmp_path / "b")  # empty sft.train_files: the RL rows
+
+
+def test_sft_train_files_are_checked_and_named(task, tmp_path):
+    """A missing file, and SFT rows without reference answers, are errors naming sft.train_files."""
+    from stratarl.config import ConfigError, validate_config
+    from stratarl.trainer import sft
+
+    paths = [f"data.train_files=['{task['train']}']", f"model.path={task['model']}", "data.val_files=[]"]
+    missing = tmp_path / "missing.parquet"
+    with pytest.raises(ConfigError, match=rf"sft\.train_files: file not found: {missing}"):
+        validate_config(load_config(RECIPE, [*paths, f"sft.train_files=['{missing}']"]))
+    bare = _rows_without_answers(task["train"], tmp_path / "bare.parquet", keep=8)
+    cfg = load_config(RECIPE, [*paths, f"sft.train_files=['{bare}']", f"trainer.run_dir={tmp_path / 'r'}"])
+    with pytest.raises(ConfigError, match=r"sft\.train_files: SFT needs extra_info\['answer'\] .*: 8 rows"):
+        sft.sft_from_config(cfg, tmp_path / "r")
