@@ -98,12 +98,13 @@ def _rows(path) -> list[str]:
 
 def test_init_splits_the_training_rows_between_sft_and_grpo(sort_data, tmp_path, capsys):
     """Disjoint parts of the training rows, every row in one: sft.train_files for SFT, data.train_files
-    for GRPO (prompts SFT did not learn by heart); the held-out files as given."""
+    for GRPO (prompts SFT did not train on); the held-out files as given."""
+    from stratarl.apps.task_init import init_task
+
     train, val, out = sort_data / "train.parquet", str(sort_data / "test.parquet"), tmp_path / "sort"
-    assert (
-        main(["init", str(train), "--val", val, "--reward", str(EXAMPLE / "reward.py"), "--out", str(out)])
-        == 0
-    )
+    reward = str(EXAMPLE / "reward.py")
+    _, profile, _ = init_task([str(train)], out, val_files=[val], reward_file=reward, sft_share=0.5)
+    print(*profile.lines(), sep="\n")  # what `stratarl init` prints
     sft_file, rl_file = out / "data" / "sft_train.parquet", out / "data" / "rl_train.parquet"
     cfg = load_config(out / "recipe.yaml")
     validate_config(cfg)
@@ -113,7 +114,7 @@ def test_init_splits_the_training_rows_between_sft_and_grpo(sort_data, tmp_path,
         [val],
     )
     sft_rows, rl_rows = _rows(sft_file), _rows(rl_file)
-    assert (len(sft_rows), len(rl_rows)) == (150, 150)  # the default share, 0.5, of 300 rows
+    assert (len(sft_rows), len(rl_rows)) == (150, 150)  # half of 300 rows
     assert not set(sft_rows) & set(rl_rows) and sorted(sft_rows + rl_rows) == sorted(_rows(train))
     printed = capsys.readouterr().out
     assert f"150 rows for SFT in {sft_file}, 150 other rows for GRPO in {rl_file}" in printed
@@ -138,13 +139,14 @@ def test_the_split_follows_the_share_and_its_seed(sort_data, tmp_path):
         split_rows(train, tmp_path / "f", 0.001)
 
 
-def test_init_with_sft_share_1_keeps_one_training_file(sort_data, tmp_path):
+@pytest.mark.parametrize("share", [None, 1.0, 0.0])
+def test_init_without_a_split_keeps_one_training_file(sort_data, tmp_path, share):
+    """The default (SFT_SHARE 1, measured in docs/own_task.md), share 1 and share 0: no split."""
     from stratarl.apps.task_init import init_task
 
-    train = str(sort_data / "train.parquet")
-    recipe, profile, _ = init_task(
-        [train], tmp_path / "one", reward_file=str(EXAMPLE / "reward.py"), sft_share=1
-    )
+    train, reward = str(sort_data / "train.parquet"), str(EXAMPLE / "reward.py")
+    kwargs = {} if share is None else {"sft_share": share}
+    recipe, profile, _ = init_task([train], tmp_path / "one", reward_file=reward, **kwargs)
     written = yaml.safe_load(recipe.read_text())
     assert written["data"]["train_files"] == [train] and "train_files" not in written["sft"]
     assert profile.split is None and not (tmp_path / "one" / "data").exists()
