@@ -173,7 +173,7 @@ class SFTConfig:
         [],
         "parquet files of SFT's own training rows (each with extra_info.answer), read by stratarl sft "
         "only; empty: data.train_files, the RL run's prompts. Other rows than data.train_files give GRPO "
-        "prompts SFT did not train on (stratarl init can split the rows so: apps/task_init.py, "
+        "prompts SFT did not train on (stratarl init can split the rows so: stratarl/apps/task_init.py, "
         "SFT_SHARE; not by default, docs/own_task.md measures why). data.max_train_prompts limits "
         "them alike",
         verl="data.train_files",
