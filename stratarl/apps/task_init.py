@@ -40,8 +40,8 @@ RESPONSE_HEADROOM = 1.5  # max_response_tokens = headroom × the longest referen
 SCORED_ANSWERS = 256  # reference answers scored to check the reward
 # The share of the training rows SFT trains on; GRPO gets the rest (1: no split, both train on every
 # row). Measured with the 1M model on three word tasks (docs/own_task.md, "Three more tasks"): a split
-# of 0.5 left SFT 4-5 points lower held out and GRPO added nothing on its unseen half (-1.0 to +0.5
-# points), so the pipeline ended 5.0-5.5 points below no split; 0.8 on first_letter ended 4.5 points
+# of 0.5 left SFT 3.5-5 points lower held out and GRPO added nothing on its unseen half (-1.0 to +0.5
+# points), so the pipeline ended 4.5-5.5 points below no split; 0.8 on first_letter ended 4.5 points
 # below its own SFT. No split is the default until a split measures better.
 SFT_SHARE = 1.0
 # A model below this many parameters is taken as trained from scratch (the tiny path: init's own
