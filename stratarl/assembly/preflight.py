@@ -25,11 +25,11 @@ def load_split(cfg: RunConfig, key: str, tokenizer: Any) -> PromptDataset:
     data.max_*_prompts (data.max_train_prompts for both training keys); a file that cannot be read,
     or no usable row, is a ConfigError naming `key`."""
     d = cfg.data
-    files, limit = {
-        "data.train_files": (d.train_files, d.max_train_prompts),
-        "sft.train_files": (cfg.sft.train_files, d.max_train_prompts),
-        "data.val_files": (d.val_files, d.max_val_prompts),
-    }[key]
+    if key == "data.val_files":
+        files, limit = d.val_files, d.max_val_prompts
+    else:  # the training rows: the RL run's, or SFT's own (only the key's own setting is read)
+        files = d.train_files if key == "data.train_files" else cfg.sft.train_files
+        limit = d.max_train_prompts
     try:
         return datasets.load_prompts(
             files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=limit, **datasets.data_columns(cfg)
