@@ -21,14 +21,15 @@ SHOWN_ROWS = 5  # rows listed per problem
 
 
 def load_split(cfg: RunConfig, key: str, tokenizer: Any) -> PromptDataset:
-    """The prompts of data.train_files or data.val_files (`key`), with its data.max_*_prompts; a file
-    that cannot be read, or no usable row, is a ConfigError naming `key`."""
+    """The prompts of data.train_files, data.val_files or sft.train_files (`key`), with its
+    data.max_*_prompts (data.max_train_prompts for both training keys); a file that cannot be read,
+    or no usable row, is a ConfigError naming `key`."""
     d = cfg.data
-    files, limit = (
-        (d.train_files, d.max_train_prompts)
-        if key == "data.train_files"
-        else (d.val_files, d.max_val_prompts)
-    )
+    if key == "data.val_files":
+        files, limit = d.val_files, d.max_val_prompts
+    else:  # the training rows: the RL run's, or SFT's own (only the key's own setting is read)
+        files = d.train_files if key == "data.train_files" else cfg.sft.train_files
+        limit = d.max_train_prompts
     try:
         return datasets.load_prompts(
             files, tokenizer, max_prompt_tokens=d.max_prompt_tokens, limit=limit, **datasets.data_columns(cfg)
@@ -70,13 +71,14 @@ def check_data_sources(compute_score: Callable[..., Any], splits: dict[str, Prom
         raise ConfigError(problems)
 
 
-def check_sft_answers(dataset: PromptDataset) -> None:
-    """SFT trains on extra_info['answer'] (verl's SFT convention): every row needs a non-empty one."""
+def check_sft_answers(dataset: PromptDataset, key: str = "data.train_files") -> None:
+    """SFT trains on extra_info['answer'] (verl's SFT convention): every row of `key`'s files (the
+    one SFT trains on, `sft_train_key`) needs a non-empty one."""
     missing = _rows_by_source(dataset.items, lambda item: not _has_answer(item))
     if missing:
         problems = [
             ConfigProblem(
-                ("data.train_files",),
+                (key,),
                 f"SFT needs extra_info['answer'] (the reference response): {_rows(rows)}",
             )
             for rows in missing.values()
@@ -84,7 +86,9 @@ def check_sft_answers(dataset: PromptDataset) -> None:
         raise ConfigError(problems)
 
 
-def check_sft_lengths(dataset: PromptDataset, tokenizer: Any, max_tokens: int) -> None:
+def check_sft_lengths(
+    dataset: PromptDataset, tokenizer: Any, max_tokens: int, key: str = "data.train_files"
+) -> None:
     """Every SFT example (prompt ++ reference answer ++ EOS) fits `sft.max_tokens` (verl's
     data.max_length with truncation=error): a longer one is refused with its rows, never cut."""
     lengths: dict[tuple[str, int], int] = {}
@@ -98,12 +102,17 @@ def check_sft_lengths(dataset: PromptDataset, tokenizer: Any, max_tokens: int) -
             [
                 ConfigProblem(
                     ("sft.max_tokens",),
-                    f"{max_tokens} tokens is shorter than {_rows(too_long)} of data.train_files "
+                    f"{max_tokens} tokens is shorter than {_rows(too_long)} of {key} "
                     f"(prompt + answer + EOS; the longest is {longest} tokens): raise sft.max_tokens "
                     "or drop those rows",
                 )
             ]
         )
+
+
+def sft_train_key(cfg: RunConfig) -> str:
+    """The key of the files SFT trains on: sft.train_files, or data.train_files when it is empty."""
+    return "sft.train_files" if cfg.sft.train_files else "data.train_files"
 
 
 def _has_answer(item: Any) -> bool:

@@ -163,11 +163,21 @@ class ClusterConfig:
 
 @dataclass
 class SFTConfig:
-    """Supervised warm-start on the same datasets: loss on response tokens only.
+    """Supervised warm-start on the RL run's datasets or its own rows (sft.train_files): loss on response
+    tokens only.
 
     Its verl keys are those of verl's separate SFT config (sft_trainer.yaml), not ppo_trainer.yaml.
     """
 
+    train_files: list[str] = setting(
+        [],
+        "parquet files of SFT's own training rows (each with extra_info.answer), read by stratarl sft "
+        "only; empty: data.train_files, the RL run's prompts. Other rows than data.train_files give GRPO "
+        "prompts SFT did not train on (stratarl init can split the rows so: stratarl/apps/task_init.py, "
+        "SFT_SHARE; not by default, docs/own_task.md measures why). data.max_train_prompts limits "
+        "them alike",
+        verl="data.train_files",
+    )
     total_epochs: int = setting(
         1, "passes over the training examples when total_steps is null", verl="trainer.total_epochs"
     )

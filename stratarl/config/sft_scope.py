@@ -22,9 +22,11 @@ def _keys(section: str, names: str) -> set[str]:
 # the sft.* optimizer, the model and its precision (actor.fsdp), the data, greedy-or-sampled
 # evaluation through the rollout engine, the scorer, and the run directory. Some are read only in
 # some configs (sft.total_epochs when sft.total_steps is null, rollout.val_kwargs.temperature when
-# not greedy, ...). tests/trainer/test_sft_reads.py records real runs and compares.
+# not greedy, data.train_files when sft.train_files is empty, ...). `stratarl train` reads no sft.*
+# setting. tests/trainer/test_sft_reads.py records real runs and compares.
 SFT_READS = frozenset().union(
-    _keys("sft", "total_epochs total_steps lr weight_decay warmup_steps lr_schedule min_lr_ratio grad_clip"),
+    _keys("sft", "train_files total_epochs total_steps lr weight_decay warmup_steps lr_schedule"),
+    _keys("sft", "min_lr_ratio grad_clip"),
     _keys("sft", "trajectories_per_step trajectories_per_micro_batch max_tokens"),
     _keys("sft", "test_freq stop_on_plateau plateau_delta"),
     _keys("model", "path tokenizer_path dtype trust_remote_code gradient_checkpointing"),

@@ -315,7 +315,7 @@ def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
     problems = []
     if not cfg.data.train_files:
         problems.append(ConfigProblem(("data.train_files",), "no training data: give parquet files"))
-    for key in ("data.train_files", "data.val_files"):
+    for key in ("data.train_files", "data.val_files", "sft.train_files"):
         problems += [
             ConfigProblem((key,), f"file not found: {path}")
             for path in get_by_key(cfg, key)

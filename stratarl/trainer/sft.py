@@ -194,22 +194,23 @@ def _check_example_lengths(
 def sft_from_config(
     cfg: RunConfig, run_dir: str | Path, *, console: Console | None = None, stop: StopRequest | None = None
 ) -> dict[str, Any]:
-    """`stratarl sft`: SFT on data.train_files with the `sft` settings; greedy accuracy on
-    data.val_files before and after; the result saved HF-loadable in run_dir/final, the summary in
-    run_dir/summary.json. The run directory must be empty (or trainer.overwrite): SFT never resumes.
-    The inputs are checked (`preflight`) before the model loads. With `stop` (the CLI's) Ctrl-C
-    stops after the step that runs, marks the run interrupted and raises RunInterrupted (nothing
-    is saved: SFT keeps no checkpoints)."""
+    """`stratarl sft`: SFT on sft.train_files (empty: data.train_files) with the `sft` settings;
+    greedy accuracy on data.val_files before and after; the result saved HF-loadable in
+    run_dir/final, the summary in run_dir/summary.json. The run directory must be empty (or
+    trainer.overwrite): SFT never resumes. The inputs are checked (`preflight`) before the model
+    loads. With `stop` (the CLI's) Ctrl-C stops after the step that runs, marks the run interrupted
+    and raises RunInterrupted (nothing is saved: SFT keeps no checkpoints)."""
     console, t = console or Console(), cfg.trainer
     with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
         lock = RunLock(run_dir).acquire()
         cleanup.callback(lock.release)
         compute_score = preflight.reward_function(cfg)
         tokenizer = datasets.load_tokenizer(cfg)
-        train_set = preflight.load_split(cfg, "data.train_files", tokenizer)
+        train_key = preflight.sft_train_key(cfg)
+        train_set = preflight.load_split(cfg, train_key, tokenizer)
         val_set = preflight.load_split(cfg, "data.val_files", tokenizer) if cfg.data.val_files else None
-        preflight.check_sft_answers(train_set)
-        preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens)
+        preflight.check_sft_answers(train_set, train_key)
+        preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens, train_key)
         preflight.check_data_sources(compute_score, {"data.val_files": val_set})
         claim = claim_run_directory(lock, cfg, total_steps=None, console=console, can_resume=False)
         cleanup.callback(claim.release)
@@ -237,8 +238,8 @@ LOW_SIGNAL_SHARE = 0.5
 
 
 def sft_warm_start_warning(cfg: RunConfig) -> str | None:
-    """A warning when model.path is the output of `stratarl sft` whose held-out accuracy is too low for
-    GRPO to find signal; None otherwise (another model, or accuracy enough)."""
+    """A warning when model.path is the output of `stratarl sft` whose held-out accuracy leaves GRPO
+    few groups with signal (too low, or too high); None otherwise (another model, or accuracy between)."""
     result = read_sft_result(cfg.model.path)
     accuracy = (result or {}).get("accuracy_after")
     if not isinstance(accuracy, int | float) or math.isnan(accuracy):
@@ -250,8 +251,21 @@ def sft_warm_start_warning(cfg: RunConfig) -> str | None:
     return (
         f"model.path comes from an SFT run that scored {accuracy:.1%} held-out accuracy after "
         f"{result.get('steps')} steps: with rollout.n={n} about {share:.0%} of groups would have any "
-        f"reward difference (1 − pⁿ − (1 − p)ⁿ), too few for GRPO to learn from; train SFT longer "
-        "(sft.total_steps, or sft.test_freq with sft.stop_on_plateau) or raise rollout.n"
+        f"reward difference (1 − pⁿ − (1 − p)ⁿ), too few for GRPO to learn from; "
+        + low_signal_remedy(accuracy)
+    )
+
+
+def low_signal_remedy(accuracy: float) -> str:
+    """What to do when accuracy leaves few groups with signal: too low, more SFT; too high (most
+    groups all right), more SFT only makes it fewer."""
+    if accuracy < 0.5:
+        return (
+            "train SFT longer (sft.total_steps, or sft.test_freq with sft.stop_on_plateau) or raise rollout.n"
+        )
+    return (
+        "most groups would be all right: GRPO has little left to learn on these prompts (harder "
+        "prompts, or raise rollout.n); more SFT makes it fewer"
     )
 
 
@@ -296,6 +310,9 @@ def _sft_run(
     def after_step(step: int) -> bool:
         if not (s.test_freq and step % s.test_freq == 0):
             return False
+        # The engine must serve this step's weights: a shared engine's cached prompt KV is still
+        # the last sync's (the random init's), and a held-out evaluation on it measures that model.
+        worker.sync_weights()
         if plateau.update(accuracy(step)):
             stopped_at.append(step)
         return bool(stopped_at)

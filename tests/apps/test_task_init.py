@@ -87,6 +87,72 @@ def test_init_checks_the_reward_on_the_data(sort_data, tmp_path, capsys):
     assert "the reference answers score 0.000 on average under the reward" in capsys.readouterr().err
 
 
+def _rows(path) -> list[str]:
+    """Each row of a parquet file, as one comparable string."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    return [json.dumps(row, sort_keys=True) for row in pq.read_table(path).to_pylist()]
+
+
+def test_init_splits_the_training_rows_between_sft_and_grpo(sort_data, tmp_path, capsys):
+    """Disjoint parts of the training rows, every row in one: sft.train_files for SFT, data.train_files
+    for GRPO (prompts SFT did not train on); the held-out files as given."""
+    from stratarl.apps.task_init import init_task
+
+    train, val, out = sort_data / "train.parquet", str(sort_data / "test.parquet"), tmp_path / "sort"
+    reward = str(EXAMPLE / "reward.py")
+    _, profile, _ = init_task([str(train)], out, val_files=[val], reward_file=reward, sft_share=0.5)
+    print(*profile.lines(), sep="\n")  # what `stratarl init` prints
+    sft_file, rl_file = out / "data" / "sft_train.parquet", out / "data" / "rl_train.parquet"
+    cfg = load_config(out / "recipe.yaml")
+    validate_config(cfg)
+    assert (cfg.sft.train_files, cfg.data.train_files, cfg.data.val_files) == (
+        [str(sft_file)],
+        [str(rl_file)],
+        [val],
+    )
+    sft_rows, rl_rows = _rows(sft_file), _rows(rl_file)
+    assert (len(sft_rows), len(rl_rows)) == (150, 150)  # half of 300 rows
+    assert not set(sft_rows) & set(rl_rows) and sorted(sft_rows + rl_rows) == sorted(_rows(train))
+    printed = capsys.readouterr().out
+    assert f"150 rows for SFT in {sft_file}, 150 other rows for GRPO in {rl_file}" in printed
+    assert "rows: 300" in printed  # measured (and the tokenizer trained) on every row
+
+
+def test_the_split_follows_the_share_and_its_seed(sort_data, tmp_path):
+    from stratarl.apps.task_init import split_rows
+
+    train = [str(sort_data / "train.parquet")]
+    split = split_rows(train, tmp_path / "a", 0.25)
+    assert (split.sft_rows, split.rl_rows) == (75, 225) and len(_rows(split.sft_file)) == 75
+    again = split_rows(train, tmp_path / "b", 0.25)
+    other = split_rows(train, tmp_path / "c", 0.25, seed=1)
+    assert _rows(again.sft_file) == _rows(split.sft_file) != _rows(other.sft_file)
+    for share in (0.0, 1.0):  # no split: SFT and GRPO both train on every row
+        assert split_rows(train, tmp_path / "d", share) is None
+    assert not (tmp_path / "d").exists()
+    with pytest.raises(ValueError, match=r"the SFT share 1\.5 is not between 0 and 1"):
+        split_rows(train, tmp_path / "e", 1.5)
+    with pytest.raises(ValueError, match="leaves SFT or GRPO no row"):
+        split_rows(train, tmp_path / "f", 0.001)
+
+
+@pytest.mark.parametrize("share", [None, 1.0, 0.0])
+def test_init_without_a_split_keeps_one_training_file(sort_data, tmp_path, share):
+    """The default (SFT_SHARE 1, measured in docs/own_task.md), share 1 and share 0: no split."""
+    from stratarl.apps.task_init import init_task
+
+    train, reward = str(sort_data / "train.parquet"), str(EXAMPLE / "reward.py")
+    kwargs = {} if share is None else {"sft_share": share}
+    recipe, profile, _ = init_task([train], tmp_path / "one", reward_file=reward, **kwargs)
+    written = yaml.safe_load(recipe.read_text())
+    assert written["data"]["train_files"] == [train] and "train_files" not in written["sft"]
+    assert profile.split is None and not (tmp_path / "one" / "data").exists()
+    assert load_config(recipe).sft.train_files == []  # SFT reads data.train_files
+
+
 def doc_commands() -> list[str]:
     """The shell lines of docs/own_task.md's ```bash blocks, in order (comments dropped)."""
     text = (ROOT / "docs" / "own_task.md").read_text()

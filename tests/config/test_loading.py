@@ -130,7 +130,7 @@ def test_every_setting_that_names_a_path_is_saved_absolute(tmp_path, monkeypatch
         "agent.tool_config_path", "agent.interaction_config_path", "reference.model_path",
         "critic.model_path", "reward.custom_function_path", "reward.model.path",
         "reward.model.tokenizer_path", "trainer.resume_from_path",
-        "trainer.output_root", "trainer.run_dir",
+        "trainer.output_root", "trainer.run_dir", "sft.train_files",
     ]  # fmt: skip
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, ["model.path=models/m", "data.train_files=[d/a.parquet,/abs/b.parquet]"])

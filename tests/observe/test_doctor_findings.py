@@ -319,6 +319,27 @@ def test_sampling_too_cold_is_told_apart_from_prompts_too_hard(tmp_path):
     assert "too easy or too hard" in hard["weak_signal"].next_step
 
 
+def test_identical_samples_on_solved_training_prompts_are_no_cold_sampler(tmp_path):
+    """Was: SFT'd to 98 % on its 2,000 training prompts and 33 % held out (examples/first_letter), GRPO
+    sampled one response per group at τ = 1 and the doctor blamed the sampler (top_k / top_p)."""
+    solved = {"batch/groups_with_signal": 0.17, "reward/acc/mean": 0.98}
+    memorized = findings(
+        write_run(
+            tmp_path / "memorized", change=lambda s: solved, rows=identical_rows, val=(0.32, 0.33, 0.33)
+        )
+    )
+    problem = memorized["memorized_prompts"]
+    assert problem.severity == "problem" and "cold_sampling" not in memorized
+    assert "training reward 0.98" in problem.evidence[0] and "acc/mean@1 0.33" in problem.evidence[0]
+    generalized = findings(
+        write_run(tmp_path / "solved", change=lambda s: solved, rows=identical_rows, val=(0.9, 0.95, 0.97))
+    )
+    assert "memorized_prompts" not in generalized and "cold_sampling" not in generalized
+    assert generalized["solved_prompts"].severity == "warning"  # solved, held out too: nothing left
+    cold = findings(write_run(tmp_path / "cold", rows=identical_rows))  # reward/acc/mean unsolved
+    assert "cold_sampling" in cold and "solved_prompts" not in cold
+
+
 def test_group_signal_is_judged_per_step_and_advantages_need_not_be_exactly_zero(tmp_path):
     every_third = write_run(
         tmp_path / "steps",

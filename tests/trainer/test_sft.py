@@ -184,6 +184,30 @@ def test_sft_records_what_train_records_and_stops_on_a_plateau(task, tmp_path, c
     assert steps == [1, 2]
 
 
+def test_a_held_out_evaluation_during_sft_sees_that_steps_weights(task, tmp_path, monkeypatch):
+    """Was: the engine was synced only after the last step, so an evaluation at sft.test_freq ran on
+    the prompt KV cached at step 0 (the random init's): 0 % at step 600 on a task whose saved weights
+    scored 29 %, and sft.stop_on_plateau stopped on that false plateau."""
+    from stratarl.cli import main
+    from stratarl.trainer import sft
+
+    versions = []
+    evaluate = sft.evaluate_accuracy
+    monkeypatch.setattr(
+        sft,
+        "evaluate_accuracy",
+        lambda worker, *a, **k: versions.append(worker.weight_version) or evaluate(worker, *a, **k),
+    )
+    overrides = [
+        f"data.train_files=['{task['train']}']", f"data.val_files=['{task['test']}']",
+        "data.max_val_prompts=4", f"model.path={task['model']}", f"trainer.run_dir={tmp_path / 'sft'}",
+        "sft.total_steps=4", "sft.test_freq=1", "sft.trajectories_per_step=8",
+        "sft.trajectories_per_micro_batch=8",
+    ]  # fmt: skip
+    assert main(["sft", str(RECIPE), *overrides]) == 0
+    assert versions == [0, 1, 2, 3, 4]  # steps 0..3 as they run, step 4 after the final sync
+
+
 def test_the_plateau_counts_evaluations_that_gain_less_than_delta():
     from stratarl.trainer.sft import Plateau
 
@@ -217,6 +241,12 @@ def test_train_warns_when_the_sft_model_it_starts_from_scored_too_low_for_group_
     assert sft_warm_start_warning(cfg) is None
     cfg = load_config(RECIPE, [f"model.path={model}", "rollout.n=2"])  # 1 − .57² − .43² = 0.49
     assert "rollout.n=2 about 49% of groups" in sft_warm_start_warning(cfg)
+    assert "train SFT longer" in warning
+    # Was: the same advice at 92.5 % (examples/reverse_words), where more SFT leaves fewer groups.
+    (model / "sft_result.json").write_text(json.dumps({"accuracy_after": 0.925, "steps": 700}))
+    high = sft_warm_start_warning(load_config(RECIPE, [f"model.path={model}", "rollout.n=8"]))
+    assert "about 46% of groups" in high and "most groups would be all right" in high
+    assert "train SFT longer" not in high
 
 
 def test_stop_on_plateau_without_held_out_evaluations_is_refused_naming_the_keys(task):
@@ -254,3 +284,53 @@ def test_the_doctor_reads_an_sft_run(task, tmp_path):
     low = by_title["held-out accuracy too low for GRPO to find signal"]
     assert low.severity == "warning" and low.layer == "config" and "rollout.n" in low.evidence[0]
     assert not [f for f in findings if f.severity == "problem"], findings
+
+
+def _rows_without_answers(src, dst, keep: int):
+    """The first `keep` rows of `src` with extra_info.answer removed, written to `dst`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(src).to_pylist()[:keep]
+    for row in rows:
+        row["extra_info"] = {k: v for k, v in row["extra_info"].items() if k != "answer"}
+    pq.write_table(pa.Table.from_pylist(rows), dst)
+    return dst
+
+
+def test_sft_trains_on_sft_train_files_when_given(task, tmp_path, monkeypatch):
+    """sft.train_files are SFT's rows, data.train_files (the RL run's) are not read; empty: the RL run's."""
+    import pyarrow.parquet as pq
+
+    from stratarl.trainer import sft
+
+    own = tmp_path / "sft_rows.parquet"
+    pq.write_table(pq.read_table(task["train"]).slice(0, 10), own)
+    # GRPO's rows have no reference answers: SFT would refuse them
+    rl = _rows_without_answers(task["train"], tmp_path / "rl_rows.parquet", keep=64)
+    trained_on = []
+    monkeypatch.setattr(sft, "_sft_run", lambda cfg, claim, log, tok, rows, *rest: trained_on.append(rows))
+    paths = [f"data.train_files=['{rl}']", f"model.path={task['model']}", "data.val_files=[]"]
+    cfg = load_config(RECIPE, [*paths, f"sft.train_files=['{own}']", f"trainer.run_dir={tmp_path / 'a'}"])
+    sft.sft_from_config(cfg, tmp_path / "a")
+    assert len(trained_on[0]) == 10 and {it.source_file for it in trained_on[0].items} == {str(own)}
+    from stratarl.config import ConfigError
+
+    cfg = load_config(RECIPE, [*paths, f"trainer.run_dir={tmp_path / 'b'}"])
+    with pytest.raises(ConfigError, match=r"data\.train_files.*SFT needs extra_info\['answer'\]"):
+        sft.sft_from_config(cfg, tmp_path / "b")  # empty sft.train_files: the RL rows
+
+
+def test_sft_train_files_are_checked_and_named(task, tmp_path):
+    """A missing file, and SFT rows without reference answers, are errors naming sft.train_files."""
+    from stratarl.config import ConfigError, validate_config
+    from stratarl.trainer import sft
+
+    paths = [f"data.train_files=['{task['train']}']", f"model.path={task['model']}", "data.val_files=[]"]
+    missing = tmp_path / "missing.parquet"
+    with pytest.raises(ConfigError, match=rf"sft\.train_files: file not found: {missing}"):
+        validate_config(load_config(RECIPE, [*paths, f"sft.train_files=['{missing}']"]))
+    bare = _rows_without_answers(task["train"], tmp_path / "bare.parquet", keep=8)
+    cfg = load_config(RECIPE, [*paths, f"sft.train_files=['{bare}']", f"trainer.run_dir={tmp_path / 'r'}"])
+    with pytest.raises(ConfigError, match=r"sft\.train_files: SFT needs extra_info\['answer'\] .*: 8 rows"):
+        sft.sft_from_config(cfg, tmp_path / "r")

@@ -49,7 +49,8 @@ def _read_by_the_package() -> bool:
     return True
 
 
-def sft_reads(monkeypatch, *overrides: str) -> set[str]:
+def keys_read(monkeypatch, *overrides: str, command: str = "sft") -> set[str]:
+    """The settings `stratarl <command>` read on the quickstart recipe with `overrides`."""
     read: set[str] = set()
     load = config.load_config
 
@@ -59,11 +60,11 @@ def sft_reads(monkeypatch, *overrides: str) -> set[str]:
         return cfg
 
     monkeypatch.setattr(config, "load_config", recording_load)
-    assert cli.main(["sft", str(RECIPE), *overrides]) == 0
+    assert cli.main([command, str(RECIPE), *overrides]) == 0
     return read
 
 
-def test_stratarl_sft_reads_exactly_sft_reads(task, tmp_path, monkeypatch):
+def test_stratarl_sft_reads_exactly_keys_read(task, tmp_path, monkeypatch):
     scorer = tmp_path / "exact.py"
     scorer.write_text(SCORER)
     common = [
@@ -75,9 +76,9 @@ def test_stratarl_sft_reads_exactly_sft_reads(task, tmp_path, monkeypatch):
         "sft.trajectories_per_micro_batch=8",
     ]
     fixed = [*common, f"trainer.run_dir={tmp_path / 'fixed'}", "sft.total_steps=1"]
-    read = sft_reads(monkeypatch, *fixed)
-    read |= sft_reads(monkeypatch, *fixed, "trainer.overwrite=true")  # a run is there: moved aside
-    read |= sft_reads(
+    read = keys_read(monkeypatch, *fixed)
+    read |= keys_read(monkeypatch, *fixed, "trainer.overwrite=true")  # a run is there: moved aside
+    read |= keys_read(
         monkeypatch,
         *common,
         f"trainer.output_root={tmp_path / 'out'}",  # no trainer.run_dir: project/experiment under it
@@ -87,5 +88,27 @@ def test_stratarl_sft_reads_exactly_sft_reads(task, tmp_path, monkeypatch):
         "reward.function_kwargs={bonus: 0.5}",
         "cluster.backend=ray",  # the device from the training workers' GPUs; SFT runs in this process
     )
+    # its own rows: data.train_files is then read by validation only
+    own_rows = f"sft.train_files=['{task['train']}']"
+    own_dir = f"trainer.run_dir={tmp_path / 'own'}"
+    read |= keys_read(monkeypatch, *common, own_rows, "sft.total_steps=1", own_dir)
     assert read - SFT_READS == set(), "stratarl sft reads keys SFT_READS leaves out"
     assert SFT_READS - read == set(), "SFT_READS lists keys stratarl sft never read here"
+
+
+def test_stratarl_train_reads_no_sft_setting(task, tmp_path, monkeypatch):
+    """The recipe is shared; sft.* (sft.train_files among them) is SFT's alone."""
+    read = keys_read(
+        monkeypatch,
+        f"data.train_files=['{task['train']}']",
+        f"sft.train_files=['{task['train']}']",
+        f"model.path={task['model']}",
+        "data.val_files=[]",
+        f"trainer.run_dir={tmp_path / 'rl'}",
+        "trainer.total_steps=1",
+        "data.prompts_per_step=4",
+        "actor.prompts_per_mini_batch=4",
+        "actor.trajectories_per_micro_batch=32",
+        command="train",
+    )
+    assert "data.train_files" in read and {key for key in read if key.startswith("sft.")} == set()

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from stratarl.observe.doctor.checks import _had, _late, _mean, _steps
+from stratarl.observe.doctor.reward import val_series
 from stratarl.observe.doctor.view import CONFIG, Finding, RunView
 
 CAPPED_FROM_START = 0.9  # share of responses at the length cap, on the first step and after
 ENDED_INSIDE = 0.5  # share of capped traced responses that hold an end-of-turn token before the cap
 COLD_TEMPERATURE = 0.3  # rollout.temperature at or below: samples of a prompt (nearly) coincide
 IDENTICAL_GROUPS = 0.5  # share of traced groups whose n responses are token-for-token the same
+SOLVED, MEMORIZED_GAP = 0.9, 0.3  # training reward at or above; held-out accuracy this much below it
 DROPPED_PROBLEM, DROPPED_WARNING = 0.5, 0.1  # share of the prompts the data layer dropped
 
 
@@ -205,6 +207,8 @@ def check_cold_sampling(view: RunView, earlier: list[Finding]) -> list[Finding]:
         return []
     if not cold and (_had(earlier, "policy_broken") or _had(earlier, "negative_entropy_bonus")):
         return []  # a collapsed policy samples one response at any temperature: that finding says why
+    if not cold and (solved := _solved_training_prompts(view, share)):
+        return solved
     evidence = [f"rollout.temperature = {temperature}"]
     if total:
         evidence.append(
@@ -236,6 +240,48 @@ def check_cold_sampling(view: RunView, earlier: list[Finding]) -> list[Finding]:
             key="cold_sampling",
         )
     ]
+
+
+def _solved_training_prompts(view: RunView, share: float) -> list[Finding]:
+    """Identical samples on training prompts the policy already answers right (training reward at or
+    above SOLVED): its groups carry no signal at any temperature, so the sampler is not the cause.
+    With held-out accuracy far below, the model has memorized its training prompts (SFT on the same
+    rows) rather than learned the task; otherwise the task is solved."""
+    train = _late(view.series("reward/acc/mean") or view.series("score/mean"))
+    key, held_out = val_series(view)
+    if not train or not held_out or _mean(train) < SOLVED:
+        return []
+    late_val = _mean(_late(held_out))
+    memorized = late_val <= _mean(train) - MEMORIZED_GAP
+    evidence = [
+        f"{share:.0%} of traced groups sample one response n times; training reward {_mean(train):.2f} "
+        f"(later half), held-out {key} {late_val:.2f}",
+    ]
+    signal = view.series("batch/groups_with_signal")
+    if signal:
+        evidence.append(
+            f"batch/groups_with_signal mean {_mean([v for _, v in signal]):.0%} ({_steps(signal)})"
+        )
+    if not memorized:
+        return [
+            Finding(
+                "warning", CONFIG, "the training prompts are solved: few groups left to learn from",
+                evidence,
+                "GRPO learns only where a prompt's samples differ: harder prompts give it room, or "
+                "the run is done",
+                key="solved_prompts",
+            )
+        ]  # fmt: skip
+    return [
+        Finding(
+            "problem", CONFIG, "the training prompts are memorized: solved in training, not held out",
+            evidence,
+            "GRPO learns only where a prompt's samples differ, and the training prompts are already "
+            "answered: give more distinct training prompts than SFT can memorize, fewer SFT steps, "
+            "or a model that generalizes better (--size, a pretrained model)",
+            key="memorized_prompts",
+        )
+    ]  # fmt: skip
 
 
 def _largest(view: RunView, key: str) -> float | None:

@@ -27,8 +27,8 @@ def is_sft_run(view: RunView) -> bool:
 
 def check_sft(view: RunView, earlier: list[Finding]) -> list[Finding]:
     """An SFT run: its loss and held-out accuracy (info), a loss that did not fall (warning: the
-    learning rate, or answers the model cannot fit), and an accuracy too low for GRPO to find signal
-    at the configured rollout.n (warning)."""
+    learning rate, or answers the model cannot fit), and an accuracy too low (or too high) for GRPO
+    to find signal at the configured rollout.n (warning)."""
     records = sft_records(view)
     if not is_sft_run(view):
         return []
@@ -62,15 +62,20 @@ def check_sft(view: RunView, earlier: list[Finding]) -> list[Finding]:
     accuracy, n = summary.get("accuracy_after"), int(view.setting("rollout.n") or 1)
     if isinstance(accuracy, int | float) and accuracy == accuracy:  # not NaN (no validation files)
         share = 1.0 - accuracy**n - (1.0 - accuracy) ** n
+        low = accuracy < 0.5  # the share is symmetric: nearly all right leaves as few groups as all wrong
         if share < LOW_SIGNAL_SHARE:
             findings.append(
                 Finding(
-                    "warning", CONFIG, "held-out accuracy too low for GRPO to find signal",
+                    "warning", CONFIG,
+                    f"held-out accuracy too {'low' if low else 'high'} for GRPO to find signal",
                     [f"accuracy {accuracy:.1%} after {summary.get('steps')} steps: with rollout.n={n} "
                      f"about {share:.0%} of groups would have any reward difference (1 − pⁿ − (1 − p)ⁿ)"],
                     "train SFT longer (sft.total_steps, or sft.test_freq with sft.stop_on_plateau), grow the "
-                    "model, or raise rollout.n before stratarl train",
-                    key="sft_accuracy_low",
+                    "model, or raise rollout.n before stratarl train"
+                    if low
+                    else "most groups would be all right: GRPO has little left to learn on these prompts "
+                    "(harder prompts, or raise rollout.n); more SFT makes it fewer",
+                    key="sft_accuracy_low" if low else "sft_accuracy_high",
                 )
             )  # fmt: skip
     return findings
