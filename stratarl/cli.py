@@ -144,7 +144,7 @@ def _init(args: argparse.Namespace) -> int:
         recipe, profile, warnings = init_task(
             args.train, out, val_files=args.val, reward_file=args.reward or "",
             reward_function=args.reward_function, size=args.size, vocab_size=args.vocab_size, seed=args.seed,
-            model_path=args.model or "",
+            model_path=args.model or "", sft_share=args.sft_share,
         )  # fmt: skip
     except (ValueError, OSError, ImportError, AttributeError, TypeError) as err:
         raise InputError(str(err)) from err
@@ -360,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--vocab-size", type=int, default=1024, help="upper bound of the BPE vocabulary")
     init.add_argument("--seed", type=int, default=0, help="seed of the model's initialisation")
     init.add_argument("--model", help="an HF model directory to use instead of a new tiny model")
+    init.add_argument(
+        "--sft-share",
+        type=float,
+        default=1.0,  # task_init.SFT_SHARE (not imported: --help stays instant)
+        help="share of the training rows for SFT (sft.train_files), the rest for GRPO (data.train_files); "
+        "1: both train on every row (the default, docs/own_task.md says why)",
+    )
     init.set_defaults(handler=_init)
 
     data = commands.add_parser(

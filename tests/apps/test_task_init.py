@@ -248,3 +248,16 @@ def test_init_with_smollm2_writes_the_smollm2_recipes_scale(sort_data, tmp_path,
     validate_config(cfg)
     assert (cfg.actor.lr, cfg.sft.lr, cfg.rollout.temperature) == (1.0e-5, 1.0e-5, 0.6)
     assert cfg.rollout.max_response_tokens >= 32
+
+
+def test_init_sft_share_splits_the_rows_between_sft_and_grpo(sort_data, tmp_path, capsys):
+    out = tmp_path / "split"
+    assert main(["init", str(sort_data / "train.parquet"), "--reward", str(EXAMPLE / "reward.py"),
+                 "--out", str(out), "--sft-share", "0.5"]) == 0  # fmt: skip
+    cfg = load_config(out / "recipe.yaml")
+    assert cfg.sft.train_files == [str(out / "data" / "sft_train.parquet")]
+    assert cfg.data.train_files == [str(out / "data" / "rl_train.parquet")]
+    assert "150 rows for SFT" in capsys.readouterr().out
+    assert main(["init", str(sort_data / "train.parquet"), "--reward", str(EXAMPLE / "reward.py"),
+                 "--out", str(tmp_path / "bad"), "--sft-share", "1.5"]) == 2  # fmt: skip
+    assert "not between 0 and 1" in capsys.readouterr().err
