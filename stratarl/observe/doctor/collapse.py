@@ -21,6 +21,8 @@ REWARD_FALL = 0.5  # the later third's reward below this share of the early peak
 REWARD_FALL_MIN = 0.1  # ... and at least this much lower in absolute terms
 ENTROPY_RISE = 1.5  # later entropy above this multiple of the first step's: the policy is spreading out
 ENTROPY_RISE_ALONE = 2.0  # ... a rise this large is a collapse sign even when the reward was never there
+ENTROPY_RISE_FLOOR = 0.1  # ... counted only when entropy ends above this (nats/token): from a nearly
+# deterministic policy (a solved task, 0.003 → 0.007 on sort_numbers) a doubling is noise, not a collapse
 CLIP_RISE = 0.3  # the share at the length cap grew by this much since the first step
 GRAD_SPIKE = 10.0  # actor/grad_norm above this multiple of its first value
 REPEAT_SHARE = 0.5  # a response is repetitive when this share of its tokens repeat the token(s) before
@@ -88,6 +90,8 @@ def broken_distribution_signs(view: RunView) -> tuple[list[str], float]:
     signs = []
     entropy = view.series("actor/entropy")
     rise = entropy[-1][1] / entropy[0][1] if len(entropy) >= 2 and entropy[0][1] > 0 else 1.0
+    if entropy and entropy[-1][1] < ENTROPY_RISE_FLOOR:
+        rise = 1.0
     if rise >= ENTROPY_RISE:
         signs.append(f"actor/entropy rose {rise:.1f}× ({entropy[0][1]:.3g} → {entropy[-1][1]:.3g})")
     clip = view.series("response_length/clip_ratio")

@@ -34,7 +34,8 @@ SHORTCUT_SHARE = 0.8  # one answer in at least this share of the later traced re
 SHORTCUT_TRUTH = 0.5  # ... while the commonest ground truth is at most this share
 SHORTCUT_PROMPTS = 5  # distinct prompt groups needed
 FORMAT_SATURATED = 0.95  # a format extra's later mean at or above this
-ACCURACY_STILL = 0.05  # the accuracy extra moved less than this
+ACCURACY_STILL = 0.05  # the accuracy extra moved less than this ...
+FORMAT_JUDGE_STEPS = 20  # ... over at least this many steps when no flat validation says the run is stuck
 
 
 def val_series(view: RunView) -> tuple[str | None, list[tuple[int, float]]]:
@@ -272,6 +273,12 @@ def check_format_saturation(view: RunView, earlier: list[Finding]) -> list[Findi
     late_fmt = _mean([v for _, v in fmt[len(fmt) // 2 :]])
     a0, a1 = _early_late(accuracy)
     if late_fmt < FORMAT_SATURATED or abs(a1 - a0) >= ACCURACY_STILL:
+        return []
+    # A format learned in SFT saturates from step 1 of a healthy run; it costs something only when the
+    # run is stuck: a flat held-out score, or (without one) a flat accuracy over many steps.
+    _, val = val_series(view)
+    val_flat = len(val) >= VAL_POINTS and max(abs(v - val[0][1]) for _, v in val) <= VAL_FLAT
+    if not val_flat and len(accuracy) < FORMAT_JUDGE_STEPS:
         return []
     return [
         Finding(
