@@ -54,6 +54,11 @@ def val_series(view: RunView) -> tuple[str | None, list[tuple[int, float]]]:
     return key, [(int(r["step"]), float(r[key])) for r in view.val if isinstance(r.get(key), int | float)]
 
 
+def _flat(val: list[tuple[int, float]]) -> bool:
+    """Enough held-out points to judge, and every one within VAL_FLAT of the first."""
+    return len(val) >= VAL_POINTS and max(abs(v - val[0][1]) for _, v in val) <= VAL_FLAT
+
+
 def _early_late(series: list[tuple[int, float]]) -> tuple[float, float]:
     """(the mean of the first quarter, at least one step; the mean of the later half)."""
     k = max(1, len(series) // 4)
@@ -151,7 +156,7 @@ def check_flat_validation(view: RunView, earlier: list[Finding]) -> list[Finding
     """Held-out score that does not move over the run, when no more specific finding named why (a
     broken policy, a wrong reward, hacking, no signal, a saturated format reward)."""
     key, val = val_series(view)
-    if len(val) < VAL_POINTS or max(abs(v - val[0][1]) for _, v in val) > VAL_FLAT:
+    if not _flat(val):
         return []
     if any(_had(earlier, key) for key in NAMED_CAUSES):
         return []
@@ -277,8 +282,7 @@ def check_format_saturation(view: RunView, earlier: list[Finding]) -> list[Findi
     # A format learned in SFT saturates from step 1 of a healthy run; it costs something only when the
     # run is stuck: a flat held-out score, or (without one) a flat accuracy over many steps.
     _, val = val_series(view)
-    val_flat = len(val) >= VAL_POINTS and max(abs(v - val[0][1]) for _, v in val) <= VAL_FLAT
-    if not val_flat and len(accuracy) < FORMAT_JUDGE_STEPS:
+    if not _flat(val) and len(accuracy) < FORMAT_JUDGE_STEPS:
         return []
     return [
         Finding(
