@@ -55,6 +55,8 @@ def test_ppo_with_a_critic_beats_the_sft_checkpoint_too(tmp_path):
     train = [m for m in metrics if m["phase"] == "train"]
     assert "actor/pg_loss" not in train[0] and "actor/pg_loss" in train[2]  # critic warm-up: steps 1-2
     assert train[-1]["critic/vf_loss"] < train[0]["critic/vf_loss"]  # the value head fits the returns
+    # a healthy PPO run: the doctor's critic, KL and signal checks find nothing alarming
+    assert [f.title for f in diagnose(load_run(tmp_path)) if f.severity != "info"] == []
 
 
 RAY_PLANS = {

@@ -8,6 +8,8 @@ import pytest
 from stratarl.apps.tool_quickstart import RECIPE, run_tool_quickstart
 from stratarl.cli import build_parser
 from stratarl.config import load_config, validate_config
+from stratarl.observe.doctor.diagnosis import diagnose
+from stratarl.observe.doctor.view import load_run
 
 
 def test_the_task_flag_selects_the_tool_quickstart():
@@ -40,3 +42,5 @@ def test_grpo_with_the_tool_beats_the_sft_checkpoint(tmp_path):
     assert any(
         call for line in records[-64:] for turn in json.loads(line)["turns"] for call in turn["tool_calls"]
     )
+    # a healthy tool run: the doctor's tool, parse and signal checks find nothing alarming
+    assert [f.title for f in diagnose(load_run(tmp_path)) if f.severity != "info"] == []

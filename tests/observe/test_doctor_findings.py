@@ -176,6 +176,29 @@ def test_a_learning_rate_too_high_is_named_before_truncation_and_missing_signal(
     assert not {"truncation", "no_signal", "weak_signal", "repetition"} & set(found)
 
 
+def ended_at_once(step):
+    """actor.lr=3e-2 on an EPYC (a real run's numbers): reward 0.31 at step 1, then 0; entropy spikes to
+    1.42 at step 2 and falls back to 0.36; responses shrink from 5.2 tokens to about 1 (the turn ends
+    at once), so no truncation, no repetition, and the groups stop differing."""
+    entropy = {1: 0.30, 2: 1.42, 3: 0.86, 4: 0.64}.get(step, 0.36)
+    return {
+        "critic/score/mean": 0.31 if step == 1 else 0.0, "reward/acc/mean": 0.31 if step == 1 else 0.0,
+        "actor/entropy": entropy, "response_length/mean": 5.2 if step == 1 else 1.1,
+        "batch/groups_with_signal": 0.5 if step == 1 else 0.0, "actor/grad_norm": 0.5 if step == 1 else 0.0,
+        "critic/advantages/max": 1.2 if step == 1 else 0.0,
+        "critic/advantages/min": -1.1 if step == 1 else 0.0,
+    }  # fmt: skip
+
+
+def test_a_learning_rate_too_high_whose_responses_end_at_once_is_named(tmp_path):
+    found = findings(write_run(tmp_path / "run", cfg=config(actor={"lr": 3e-2}), change=ended_at_once))
+    problem = found["policy_broken"]
+    evidence = " ".join(problem.evidence)
+    assert "actor/entropy spiked 4.7× at step 2" in evidence and "ends its turn at once" in evidence
+    assert problem.layer == "config" and "actor.lr" in problem.next_step
+    assert not {"no_signal", "weak_signal"} & set(found), list(found)
+
+
 def test_a_negative_entropy_bonus_is_config_and_explains_the_collapse(tmp_path):
     def collapse(step):
         return {"actor/entropy": 0.4 * 0.5**step, "batch/groups_with_signal": max(0.0, 0.6 - 0.1 * step)}
@@ -315,6 +338,28 @@ def test_a_tokenizer_that_does_not_belong_to_the_model(tmp_path):
     assert "reward_constant" not in found  # the cause, not "reward always 0"
     own = config(model={"path": str(model), "tokenizer_path": str(model)})
     assert "tokenizer_mismatch" not in findings(write_run(tmp_path / "own", cfg=own))
+
+
+def test_a_tokenizer_of_the_same_size_but_another_vocabulary_is_named(tmp_path):
+    # Trained on another corpus: every id is inside the model's embedding, but the ids mean other
+    # words. The model's own directory ships the tokenizer it was trained with; the two disagree.
+    def tokenizer(path, words):
+        path.mkdir(exist_ok=True)
+        vocab = {w: i for i, w in enumerate(words)}
+        (path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": []}))
+        return path
+
+    model = tokenizer(tmp_path / "model", [f"digit{i}" for i in range(100)])
+    (model / "config.json").write_text(json.dumps({"eos_token_id": 1, "vocab_size": 100}))
+    other = tokenizer(tmp_path / "other", [f"word{i}" for i in range(100)])
+    found = findings(
+        write_run(tmp_path / "run", cfg=config(model={"path": str(model), "tokenizer_path": str(other)}))
+    )
+    problem = found["tokenizer_mismatch"]
+    assert "maps 100 of its 100 tokens to other ids" in problem.evidence[0], problem.evidence
+    same = tokenizer(tmp_path / "copy", [f"digit{i}" for i in range(100)])  # a copy of the model's own
+    cfg = config(model={"path": str(model), "tokenizer_path": str(same)})
+    assert "tokenizer_mismatch" not in findings(write_run(tmp_path / "run2", cfg=cfg))
 
 
 def identical_rows(step):

@@ -11,6 +11,7 @@ from stratarl.data.tokenizer_factory import corpus_from_parquet
 from stratarl.observe.run_log import RunLog
 from stratarl.trainer.agent_sft import agent_sft_batch
 from stratarl.trainer.sft import run_sft, sft_worker
+from tests.trainer.planted_runs import sft_model
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +22,12 @@ def task(tmp_path_factory):
         root / "model", size="1m", corpus_texts=corpus_from_parquet([paths["train"]]), seed=0
     )
     return {"train": paths["train"], "test": paths["test"], "model": model, "root": root}
+
+
+@pytest.fixture(scope="session")
+def sft_task(task, tmp_path_factory):
+    """The arithmetic task after a short SFT, shared by the doctor's real-run tests."""
+    return sft_model(task, tmp_path_factory.mktemp("doctor"))
 
 
 @pytest.fixture(scope="session")

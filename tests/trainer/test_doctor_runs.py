@@ -11,67 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from stratarl.apps.quickstart import RECIPE
-from stratarl.assembly import datasets
 from stratarl.cli import main
-from stratarl.config import load_config
 from stratarl.observe.doctor.diagnosis import diagnose
 from stratarl.observe.doctor.view import load_run
 from stratarl.observe.plots import PLOTS
-from stratarl.observe.run_log import RunLog
 from stratarl.observe.trace_answers import QUESTIONS
 from stratarl.observe.trace_store import read_steps
-from stratarl.trainer.rl_trainer import RLTrainer
-from stratarl.trainer.sft import run_sft, sft_worker
+from tests.trainer.planted_runs import alarming, overrides, run
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEPY = "import time\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
 SLEEPY += "    time.sleep(60)\n    return 0.0\n"
-
-
-@pytest.fixture(scope="module")
-def sft_task(task, tmp_path_factory):
-    """The arithmetic task and its 1M model after 80 SFT steps: GRPO then sees groups whose rewards
-    differ (a healthy run), as in the quickstart."""
-    root = tmp_path_factory.mktemp("doctor")
-    sft = ["sft.lr=3e-3", "sft.lr_schedule=constant", "sft.trajectories_per_step=32"]
-    cfg = load_config(RECIPE, overrides(task, *sft, "sft.trajectories_per_micro_batch=32"))
-    tokenizer = datasets.load_tokenizer(cfg)
-    dataset = datasets.load_prompts(cfg.data.train_files, tokenizer, max_prompt_tokens=64, limit=None)
-    worker = sft_worker(cfg, tokenizer, total_steps=80)
-    run_sft(
-        worker, dataset, tokenizer, examples_per_step=32, total_steps=80, seed=0, log=RunLog(root / "sft")
-    )
-    worker.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    return {**task, "model": root / "model"}
-
-
-def overrides(task, *extra):
-    return [
-        f"data.train_files=[{task['train']}]",
-        f"data.val_files=[{task['test']}]",
-        f"model.path={task['model']}",
-        "data.prompts_per_step=8",
-        "rollout.n=4",
-        "rollout.max_response_tokens=8",
-        "actor.prompts_per_mini_batch=4",  # two optimizer steps per update
-        "actor.trajectories_per_micro_batch=16",
-        "actor.lr=3e-4",
-        "trainer.total_steps=8",
-        "trainer.test_freq=8",
-        "trainer.val_before_train=false",
-        *extra,
-    ]
-
-
-def run(task, run_dir, *extra):
-    RLTrainer(load_config(RECIPE, overrides(task, *extra)), run_dir).fit()
-    return diagnose(load_run(run_dir))
-
-
-def alarming(findings):
-    return [f for f in findings if f.severity != "info"]
 
 
 @pytest.fixture(scope="module")
@@ -125,40 +75,6 @@ def test_a_learning_rate_of_zero_is_a_flat_loss(sft_task, tmp_path):
     assert problem.layer == "config" and "learning rate is 0" in problem.title
     rows = [r for rows in read_steps(tmp_path / "run", ["ratio_min", "ratio_max"]).values() for r in rows]
     assert rows and all(r["ratio_min"] == r["ratio_max"] == 1.0 for r in rows)  # the policy never moved
-
-
-# Planted failures of issue 30, each a real 8-step run (about 10 s on 2 cores after the shared SFT);
-# slow and long: CI's slow tier has no room left, `make test-slow` runs them.
-@pytest.mark.slow
-@pytest.mark.long
-def test_a_learning_rate_far_too_high_is_named_before_its_symptoms(sft_task, tmp_path):
-    findings = run(sft_task, tmp_path / "run", "actor.lr=3e-2")
-    by_key = {f.key: f for f in findings}
-    problem = by_key["policy_broken"]
-    assert problem.severity == "problem" and problem.layer == "config", [f.title for f in findings]
-    assert "actor.lr" in problem.next_step
-    assert not {"truncation", "no_signal", "weak_signal"} & set(by_key)  # symptoms, not causes
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_a_temperature_near_zero_is_sampling_too_cold(sft_task, tmp_path):
-    findings = run(sft_task, tmp_path / "run", "rollout.temperature=0.05")
-    by_key = {f.key: f for f in findings}
-    problem = by_key["cold_sampling"]
-    assert problem.layer == "config", [f.title for f in findings]
-    assert "rollout.temperature" in problem.next_step
-    assert not {"weak_signal", "no_signal", "flat_loss"} & set(by_key)  # the sampler, not the update
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_a_negative_entropy_coefficient_is_named_as_the_cause(sft_task, tmp_path):
-    findings = run(sft_task, tmp_path / "run", "actor.entropy_coeff=-1.0")
-    by_key = {f.key: f for f in findings}
-    problem = by_key["negative_entropy_bonus"]
-    assert problem.layer == "config" and "actor.entropy_coeff" in problem.next_step
-    assert not {"entropy", "weak_signal", "policy_broken"} & set(by_key), [f.title for f in findings]
 
 
 def test_trace_follows_a_field_through_the_phases(healthy, capsys):

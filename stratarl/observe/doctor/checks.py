@@ -219,8 +219,11 @@ def check_group_signal(view: RunView, earlier: list[Finding]) -> list[Finding]:
     """No signal: every advantage is 0 (up to ε) on most steps. Weak signal: fewer than
     SIGNAL_WARNING of the groups have rewards that differ, over the later half on average OR on
     LOW_SIGNAL_STEPS of the steps (a run average can hide many empty steps). Silent where a cause
-    upstream was named: a constant reward, sampling too cold, a collapse."""
-    causes = ("reward_constant", "cold_sampling", "negative_entropy_bonus", "policy_broken", "eos")
+    upstream was named: a constant reward, sampling too cold, a collapse, a tokenizer not of the model."""
+    causes = (
+        "reward_constant", "cold_sampling", "negative_entropy_bonus", "policy_broken", "eos",
+        "tokenizer_mismatch",
+    )  # fmt: skip
     if any(_had(earlier, key) for key in causes):
         return []
     signal = view.series("batch/groups_with_signal")

@@ -5,8 +5,9 @@ These run before the truncation and signal checks, which defer to them: a broken
 length cap and its groups stop differing, but raising max_response_tokens or rollout.n would not
 help. What tells the causes apart:
 
-    learning rate too high     reward falls after the first steps, entropy RISES, responses turn to
-                               garbage or repeat one token, the clip ratio climbs
+    learning rate too high     reward falls after the first steps, entropy RISES (or spikes and
+                               falls back), responses turn to garbage, repeat one token or shrink to
+                               nothing (the turn ends at once), the clip ratio climbs
     negative entropy bonus     actor.entropy_coeff < 0: entropy FALLS toward 0, groups become identical
     eos misconfigured          (sampling)     truncated from step 1, before any update
     answers need more room     (truncation) truncated from step 1, reward never there to fall
@@ -23,6 +24,10 @@ ENTROPY_RISE = 1.5  # later entropy above this multiple of the first step's: the
 ENTROPY_RISE_ALONE = 2.0  # ... a rise this large is a collapse sign even when the reward was never there
 ENTROPY_RISE_FLOOR = 0.1  # ... counted only when entropy ends above this (nats/token): from a nearly
 # deterministic policy (a solved task, 0.003 → 0.007 on sort_numbers) a doubling is noise, not a collapse
+ENTROPY_SPIKE = 3.0  # entropy's peak above this multiple of the first step's, even if it fell back
+# (an EPYC's lr=3e-2 run: 0.30 → 1.42 at step 2 → 0.36; healthy 8-step runs peak at ≤ 1.6×)
+LENGTH_COLLAPSE = 0.5  # the later third's mean response length below this share of the first step's
+LENGTH_COLLAPSE_FROM = 2.0  # ... judged when the first step's responses had at least this many tokens
 CLIP_RISE = 0.3  # the share at the length cap grew by this much since the first step
 GRAD_SPIKE = 10.0  # actor/grad_norm above this multiple of its first value
 REPEAT_SHARE = 0.5  # a response is repetitive when this share of its tokens repeat the token(s) before
@@ -86,7 +91,8 @@ def check_negative_entropy_bonus(view: RunView, earlier: list[Finding]) -> list[
 
 def broken_distribution_signs(view: RunView) -> tuple[list[str], float]:
     """The signs of a broken distribution, as evidence lines, and entropy's last/first ratio: entropy
-    rising, the length cap reached more and more, a gradient-norm spike, repetitive responses."""
+    rising or spiking, responses shrinking to nothing, the length cap reached more and more, a
+    gradient-norm spike, repetitive responses."""
     signs = []
     entropy = view.series("actor/entropy")
     rise = entropy[-1][1] / entropy[0][1] if len(entropy) >= 2 and entropy[0][1] > 0 else 1.0
@@ -94,6 +100,21 @@ def broken_distribution_signs(view: RunView) -> tuple[list[str], float]:
         rise = 1.0
     if rise >= ENTROPY_RISE:
         signs.append(f"actor/entropy rose {rise:.1f}× ({entropy[0][1]:.3g} → {entropy[-1][1]:.3g})")
+    elif len(entropy) >= 3 and entropy[0][1] > 0:
+        step, peak = max(entropy, key=lambda sv: sv[1])
+        if peak >= ENTROPY_SPIKE * entropy[0][1] and peak >= ENTROPY_RISE_FLOOR:
+            signs.append(
+                f"actor/entropy spiked {peak / entropy[0][1]:.1f}× at step {step} ({entropy[0][1]:.3g} → "
+                f"{peak:.3g}) before falling to {entropy[-1][1]:.3g}"
+            )
+    lengths = view.series("response_length/mean")
+    if len(lengths) >= 3 and lengths[0][1] >= LENGTH_COLLAPSE_FROM:
+        late = _mean(_thirds(lengths)[1])
+        if late <= LENGTH_COLLAPSE * lengths[0][1]:
+            signs.append(
+                f"response_length/mean {lengths[0][1]:.3g} tokens at step {lengths[0][0]} → {late:.3g} over "
+                "the last third: the policy ends its turn at once"
+            )
     clip = view.series("response_length/clip_ratio")
     if len(clip) >= 2 and _mean(_thirds(clip)[1]) - clip[0][1] >= CLIP_RISE:
         signs.append(

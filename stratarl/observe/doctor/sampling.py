@@ -22,6 +22,7 @@ from stratarl.observe.doctor.reward import val_series
 from stratarl.observe.doctor.view import CONFIG, Finding, RunView
 
 CAPPED_FROM_START = 0.9  # share of responses at the length cap, on the first step and after
+RETOKENIZED = 0.1  # share of the model's own tokens another tokenizer maps elsewhere
 ENDED_INSIDE = 0.5  # share of capped traced responses that hold an end-of-turn token before the cap
 COLD_TEMPERATURE = 0.3  # rollout.temperature at or below: samples of a prompt (nearly) coincide
 IDENTICAL_GROUPS = 0.5  # share of traced groups whose n responses are token-for-token the same
@@ -134,19 +135,26 @@ def check_eos(view: RunView, earlier: list[Finding]) -> list[Finding]:
     ]
 
 
-def tokenizer_size(tok_dir: Path) -> int | None:
-    """1 + the largest id tokenizer.json defines (its vocabulary and its added tokens)."""
+def tokenizer_vocab(tok_dir: Path) -> dict[str, int]:
+    """token → id over what tokenizer.json defines (its vocabulary and its added tokens)."""
     data = _json(tok_dir / "tokenizer.json")
     vocab = (data.get("model") or {}).get("vocab")
-    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab or [])))
-    ids += [t["id"] for t in data.get("added_tokens", []) if isinstance(t.get("id"), int)]
+    tokens = dict(vocab) if isinstance(vocab, dict) else {}
+    tokens |= {t["content"]: t["id"] for t in data.get("added_tokens", []) if isinstance(t.get("id"), int)}
+    return tokens
+
+
+def tokenizer_size(tok_dir: Path) -> int | None:
+    """1 + the largest id tokenizer.json defines."""
+    ids = tokenizer_vocab(tok_dir).values()
     return max(ids) + 1 if ids else None
 
 
 def check_tokenizer_mismatch(view: RunView, earlier: list[Finding]) -> list[Finding]:
     """A tokenizer that does not belong to the model: it defines ids the model has no embedding
-    for, or the model's eos id is no token of it. (The run may still go: ids inside both ranges
-    mean different words to each, so responses are noise and the reward stays 0.)"""
+    for, the model's eos id is no token of it, or the model's directory ships its own tokenizer and
+    the two map tokens to different ids. (The run may still go: ids inside both ranges mean
+    different words to each, so responses are noise and the reward stays 0.)"""
     model, tok_path = view.setting("model.path"), view.setting("model.tokenizer_path")
     if not model or not tok_path or Path(tok_path).resolve() == Path(model).resolve():
         return []  # one directory holds both: they were saved together
@@ -162,6 +170,14 @@ def check_tokenizer_mismatch(view: RunView, earlier: list[Finding]) -> list[Find
         )
     if eos and max(eos) >= size:
         problems.append(f"the model's eos_token_id {sorted(eos)} is outside the tokenizer's {size} ids")
+    own, used = tokenizer_vocab(Path(model)), tokenizer_vocab(Path(tok_path))
+    if own:
+        moved = sum(used.get(token) != i for token, i in own.items())
+        if moved / len(own) >= RETOKENIZED:
+            problems.append(
+                f"{model}/tokenizer.json, the model's own tokenizer, maps {moved} of its {len(own)} "
+                "tokens to other ids (or lacks them) in the tokenizer the run used"
+            )
     if not problems:
         return []
     return [

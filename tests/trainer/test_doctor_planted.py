@@ -1,0 +1,122 @@
+"""Planted failures, each a real 8-step GRPO run from the shared SFT model (about 10-20 s each on 2
+cores): the doctor names the cause in the right layer with a next step that fixes it, and does not
+report the cause's symptoms as causes of their own; a healthy async run gives no warning. Slow and
+long: CI's slow tier has no room left, `make test-slow` runs them. The same classes are tested on
+synthetic run directories in tests/observe (every `make test`)."""
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stratarl.apps.quickstart import RECIPE
+from stratarl.assembly import datasets
+from stratarl.config import load_config
+from stratarl.data.tokenizer_factory import train_tokenizer
+from tests.trainer.planted_runs import alarming, overrides, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]
+
+INVERTED = """from stratarl.reward.arithmetic import compute_score as graded
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0 - graded(data_source, solution_str, ground_truth)["score"]  # pays for wrong answers
+"""
+
+
+def by_key(findings):
+    return {f.key: f for f in findings}
+
+
+def test_a_learning_rate_far_too_high_is_named_before_its_symptoms(sft_task, tmp_path):
+    found = by_key(run(sft_task, tmp_path / "run", "actor.lr=3e-2"))
+    problem = found["policy_broken"]
+    assert problem.severity == "problem" and problem.layer == "config", list(found)
+    assert "actor.lr" in problem.next_step
+    assert not {"truncation", "no_signal", "weak_signal"} & set(found)  # symptoms, not causes
+
+
+def test_a_temperature_near_zero_is_sampling_too_cold(sft_task, tmp_path):
+    found = by_key(run(sft_task, tmp_path / "run", "rollout.temperature=0.05"))
+    problem = found["cold_sampling"]
+    assert problem.layer == "config", list(found)
+    assert "rollout.temperature" in problem.next_step
+    assert not {"weak_signal", "no_signal", "flat_loss"} & set(found)  # the sampler, not the update
+
+
+def test_a_negative_entropy_coefficient_is_named_as_the_cause(sft_task, tmp_path):
+    found = by_key(run(sft_task, tmp_path / "run", "actor.entropy_coeff=-1.0"))
+    problem = found["negative_entropy_bonus"]
+    assert problem.layer == "config" and "actor.entropy_coeff" in problem.next_step
+    assert not {"entropy", "weak_signal", "policy_broken"} & set(found), list(found)
+
+
+def test_a_reward_that_pays_for_wrong_answers_is_a_wrong_sign(sft_task, tmp_path):
+    scorer = tmp_path / "inverted.py"
+    scorer.write_text(INVERTED)
+    found = by_key(run(sft_task, tmp_path / "run", f"reward.custom_function_path={scorer}"))
+    problem = found["reward_sign"]
+    assert problem.severity == "problem" and problem.layer == "compute & environment", list(found)
+    assert "ground truth" in " ".join(problem.evidence) and "reward's sign" in problem.next_step
+    assert "reward_constant" not in found
+
+
+def test_a_tokenizer_whose_eos_is_not_the_end_of_turn_is_an_eos_problem(sft_task, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(sft_task["model"], model)
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    settings["eos_token"] = "<|endoftext|>"  # the chat template ends a turn with <|im_end|>
+    (model / "tokenizer_config.json").write_text(json.dumps(settings))
+    found = by_key(run({**sft_task, "model": model}, tmp_path / "run"))
+    problem = found["eos"]
+    assert problem.severity == "problem" and problem.layer == "config", list(found)
+    assert "<|im_end|>" in problem.next_step and "eos_token" in problem.next_step
+    assert "truncation" not in found  # raising rollout.max_response_tokens would not help
+
+
+def test_a_tokenizer_from_another_model_is_named(sft_task, tmp_path):
+    size = json.loads((sft_task["model"] / "config.json").read_text())["vocab_size"]
+    other = train_tokenizer([f"the quick brown fox {i} jumps over the lazy dog" for i in range(400)],
+                            vocab_size=size)  # fmt: skip
+    other.save_pretrained(tmp_path / "other_tokenizer")
+    found = by_key(run(sft_task, tmp_path / "run", f"model.tokenizer_path={tmp_path / 'other_tokenizer'}"))
+    problem = found["tokenizer_mismatch"]
+    assert problem.severity == "problem" and problem.layer == "config", list(found)
+    assert "model.tokenizer_path" in problem.next_step
+    assert not {"reward_constant", "no_signal", "weak_signal"} & set(found)  # explained by it
+
+
+def test_prompts_dropped_by_the_length_filter_are_counted_and_named(sft_task, tmp_path):
+    # Three quarters of the rows carry a long preamble and pass data.max_prompt_tokens: the overlong
+    # filter drops them, the run trains on the other quarter.
+    rows = pq.read_table(sft_task["train"]).to_pylist()
+    for i, row in enumerate(rows):
+        if i % 4:
+            row["prompt"][0]["content"] = "Read the question carefully. " * 4 + row["prompt"][0]["content"]
+    train = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), train)
+    cfg = load_config(RECIPE, overrides(sft_task))
+    short = len(datasets.load_prompts([str(sft_task["train"])], datasets.load_tokenizer(cfg),
+                                      max_prompt_tokens=512, limit=None)[0].prompt_ids)  # fmt: skip
+    planted = {**sft_task, "train": train}
+    found = by_key(run(planted, tmp_path / "run", f"data.max_prompt_tokens={short}"))
+    problem = found["prompts_dropped"]
+    assert problem.evidence[0] == "data/prompts_dropped 48, data/prompts_kept 16: 75% dropped", (
+        problem.evidence
+    )
+    assert problem.severity == "problem" and problem.layer == "config"
+    assert "data.max_prompt_tokens" in problem.next_step
+
+
+def test_a_kl_coefficient_that_drowns_the_policy_loss_is_named(sft_task, tmp_path):
+    found = by_key(run(sft_task, tmp_path / "run", "actor.use_kl_loss=true", "actor.kl_loss_coef=50"))
+    problem = found["kl_dominates"]
+    assert problem.layer == "config" and "actor.kl_loss_coef" in problem.next_step, list(found)
+
+
+def test_a_healthy_async_run_gives_no_warning(sft_task, tmp_path):
+    findings = run(sft_task, tmp_path / "run", "trainer.mode=async", "async_training.max_staleness=2")
+    assert alarming(findings) == [], [f.title for f in findings]
