@@ -33,9 +33,13 @@ def test_grpo_with_the_tool_beats_the_sft_checkpoint(tmp_path):
     summary = run_tool_quickstart(tmp_path, seed=0)
     assert summary["accuracy_greedy_after_grpo"] > summary["accuracy_greedy_after_sft"], summary
     assert summary["accuracy_sampled_after_grpo"] > summary["accuracy_sampled_after_sft"], summary
+    # Tool use is the large effect (sampled: 62 % → 97 % of episodes); the success rate of the calls
+    # made is already 98-99.6 % after SFT, and its change (−0.3 to +1.2 points over ~1,000 calls) is
+    # within a few calls' noise: it must not fall by more than a point (docs/benchmarks.md).
+    assert summary["used_tool_fraction_sampled_after_grpo"] > summary["used_tool_fraction_sampled_after_sft"]
     assert (
         summary["tool_call_success_rate_sampled_after_grpo"]
-        > summary["tool_call_success_rate_sampled_after_sft"]
+        >= summary["tool_call_success_rate_sampled_after_sft"] - 0.01
     )
     assert json.loads((tmp_path / "summary.json").read_text())["seed"] == 0
     records = (tmp_path / "grpo" / "trajectories.jsonl").read_text().splitlines()
