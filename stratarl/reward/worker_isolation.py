@@ -1,0 +1,73 @@
+"""Layer 5, rewards: how a `CallPool` worker is kept apart from the trainer — a PID namespace of its own.
+
+Where bubblewrap can make one (`pid_namespace_problem()` is None), each worker runs as process 1
+of a new PID namespace (`bwrap --dev-bind / / --unshare-pid --as-pid-1 --die-with-parent`): the
+same files, user and devices as the trainer, but no process outside the namespace has a pid it
+can name, so user code cannot signal the trainer (`os.kill(os.getppid(), 9)` signals pid 0, its
+own group, where process 1 ignores SIGKILL); when the worker ends — replaced, the pool closed,
+the trainer killed (bwrap's parent-death signal) — the kernel kills every process left in the
+namespace, `setsid` and double-forked grandchildren included. Elsewhere the worker is a plain
+child in a session of its own: killed as a process group, and it asks the kernel for SIGKILL when
+the trainer's thread that started it ends (`set_parent_death_signal`); there, user code can still
+signal the trainer and a grandchild that calls `setsid` outlives the run. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+BWRAP = "bwrap"
+PR_SET_PDEATHSIG = 1
+
+
+def namespace_prefix(info_fd: int) -> list[str]:
+    """bwrap's arguments that start the worker as process 1 of its own PID namespace; bwrap writes
+    the worker's pid as the trainer sees it to `info_fd` (JSON, key `child-pid`)."""
+    bwrap = shutil.which(BWRAP) or BWRAP
+    args = [bwrap, "--dev-bind", "/", "/", "--unshare-pid", "--as-pid-1", "--die-with-parent"]
+    return [*args, "--proc", "/proc", "--info-fd", str(info_fd), "--"]
+
+
+def pid_namespace_problem() -> str | None:
+    """Why workers cannot get a PID namespace here, or None when they can (probed once)."""
+    return _probe(shutil.which(BWRAP))
+
+
+@functools.cache
+def _probe(bwrap: str | None) -> str | None:
+    if bwrap is None:
+        return f"bubblewrap (`{BWRAP}`) is not on PATH"
+    read_fd, write_fd = os.pipe()
+    try:
+        probe = subprocess.run(
+            [*namespace_prefix(write_fd), sys.executable, "-S", "-c", "import os; assert os.getpid() == 1"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            pass_fds=(write_fd,),
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"{bwrap} could not run: {err}"
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    if probe.returncode != 0:
+        return f"{bwrap} could not create a PID namespace: {probe.stderr.strip()[:300]}"
+    return None
+
+
+def set_parent_death_signal(expected_parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent ends (Linux `prctl`); exit now if the
+    parent already ended before the request was made (then `getppid()` is no longer `expected_parent`)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if expected_parent > 0 and os.getppid() != expected_parent:
+        os._exit(1)
