@@ -206,8 +206,7 @@ class CallPool:
             watched = {
                 s.sock: s for s in self._slots if (s.future is not None or not s.is_ready) and not s.broken
             }
-            ready = select.select(list(watched), [], [], 0.02)[0] if watched else []
-            for sock in ready:
+            for sock in _readable(list(watched), timeout_s=0.02):
                 self._receive(watched[sock])
             self._reap(time.monotonic())
             if not watched:
@@ -216,7 +215,7 @@ class CallPool:
 
     def _assign_idle(self) -> None:
         for slot in self._slots:
-            if slot.future is not None or not slot.is_ready:
+            if slot.future is not None or not slot.is_ready or slot.broken:
                 continue
             with self._lock:
                 if not self._queue:
@@ -323,11 +322,25 @@ class CallPool:
                 future.set_result(CallResult(reason=reason, message=message))
 
 
+def _readable(socks: list[socket.socket], timeout_s: float) -> list[socket.socket]:
+    """The sockets with bytes (or an end) to read, waiting at most `timeout_s` (poll, not select:
+    a trainer holds descriptors above select's 1024)."""
+    if not socks:
+        return []
+    poller = select.poll()
+    by_fd = {sock.fileno(): sock for sock in socks}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(timeout_s * 1000)]
+
+
 def _namespace_pid(info_read: int, fallback: int) -> int:
     """The worker's pid as the trainer sees it, from bwrap's --info-fd (read with a deadline)."""
     data, deadline = b"", time.monotonic() + INFO_WAIT_S
+    poller = select.poll()
+    poller.register(info_read, select.POLLIN)
     while time.monotonic() < deadline:
-        if not select.select([info_read], [], [], max(deadline - time.monotonic(), 0))[0]:
+        if not poller.poll(max(deadline - time.monotonic(), 0) * 1000):
             break
         chunk = os.read(info_read, 4096)
         if not chunk:

@@ -22,7 +22,8 @@ needs_namespace = pytest.mark.skipif(
 
 
 def score(pool, solution, deadline_s=20.0):
-    """One sample's outcome; a pool whose dispatcher hangs fails here instead of hanging the test."""
+    """One sample's outcome; a pool whose dispatcher hangs fails here instead of hanging the test.
+    The scorers sleep 60 s: an outcome within `deadline_s` comes from the pool's own deadline."""
     return pool.submit("hostile", solution, "ok").result(timeout=deadline_s)
 
 
@@ -33,12 +34,10 @@ def pool():
 
 
 def test_half_a_message_times_out_at_the_deadline_and_others_keep_theirs(pool):
-    started = time.monotonic()
     half, slow = score(pool, "half_message"), pool.submit("hostile", "half_message_then_return", "ok")
     slow = slow.result(timeout=20)
     assert half.reason == "timeout" and "unfinished message" in half.message
     assert slow.reason == "timeout"  # its real result sat behind the false header: not read as a score
-    assert time.monotonic() - started < 15  # 3 s deadlines, not the scorers' 60 s sleep
     assert score(pool, "ok").score == 1.0  # replaced workers score again
     assert pool.restarts == 2 and pool.broken is None
 
