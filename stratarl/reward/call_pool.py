@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 WORKER_COMMAND = "import sys; from stratarl.reward.call_worker import main; main(sys.argv)"
 STACK_WAIT_S = 1.0  # how long a timed-out worker may take to write its stacks before it is killed
 INFO_WAIT_S = 5.0  # how long bwrap may take to say the worker's pid
+CLOSE_GRACE_S = 1.0  # a worker whose socket closed this long ago and still runs is broken, not exiting
 
 
 @dataclass
@@ -71,6 +72,7 @@ class _Slot:
     job_started: float = 0.0
     is_ready: bool = False  # the worker said "ready": the handler is loaded
     broken: str | None = None  # why the worker can no longer be talked to (killed and replaced)
+    closed_at: float | None = None  # when its socket reached its end (it exits, or user code closed it)
 
 
 class CallPool:
@@ -204,7 +206,9 @@ class CallPool:
                 return
             self._assign_idle()
             watched = {
-                s.sock: s for s in self._slots if (s.future is not None or not s.is_ready) and not s.broken
+                s.sock: s
+                for s in self._slots
+                if (s.future is not None or not s.is_ready) and not s.broken and s.closed_at is None
             }
             for sock in _readable(list(watched), timeout_s=0.02):
                 self._receive(watched[sock])
@@ -240,9 +244,8 @@ class CallPool:
             return
         except OSError:
             data = b""
-        if not data:  # closed: the worker ended (_reap sees the exit code) or user code closed it
-            slot.process.poll()
-            slot.broken = slot.broken or "closed its socket"
+        if not data:  # closed: the worker is ending (_reap sees the exit code) or user code closed it
+            slot.closed_at = time.monotonic()
             return
         try:
             frames = slot.reader.feed(data)
@@ -271,6 +274,8 @@ class CallPool:
         """Replace workers that overran their job's deadline, ended or broke; break on a failed start."""
         for i, slot in enumerate(self._slots):
             ended = slot.process.poll() is not None
+            if slot.closed_at is not None and not ended and now - slot.closed_at > CLOSE_GRACE_S:
+                slot.broken = slot.broken or "closed its socket"
             if slot.future is None:
                 self._reap_idle(i, slot, ended, now)
                 continue

@@ -27,7 +27,7 @@ import socket
 import sys
 import threading
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from stratarl.reward.call_frames import recv_frame, send_frame
@@ -118,13 +118,13 @@ def describe(err: BaseException) -> str:
 def result_message(result: CallResult) -> bytes:
     """("result", the fields but `value` as plain data, the pickled value): the outer pickle holds
     only str/int/bytes, so it always unpickles in the trainer."""
-    fields = {key: value for key, value in asdict(result).items() if key != "value"}
+    plain = {f.name: getattr(result, f.name) for f in fields(result) if f.name != "value"}
     try:
         value = pickle.dumps(result.value)
     except Exception as err:  # an unpicklable return value
-        fields |= {"reason": "bad_return", "message": f"result cannot be sent back: {describe(err)}"[:300]}
+        plain |= {"reason": "bad_return", "message": f"result cannot be sent back: {describe(err)}"[:300]}
         value = pickle.dumps(None)
-    return pickle.dumps(("result", fields, value))
+    return pickle.dumps(("result", plain, value))
 
 
 def main(argv: list[str]) -> None:

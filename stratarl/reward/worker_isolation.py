@@ -1,7 +1,7 @@
 """Layer 5, rewards: how a `CallPool` worker is kept apart from the trainer — a PID namespace of its own.
 
 Where bubblewrap can make one (`pid_namespace_problem()` is None), each worker runs as process 1
-of a new PID namespace (`bwrap --dev-bind / / --unshare-pid --as-pid-1 --die-with-parent`): the
+of a new PID namespace (`bwrap --dev-bind / / --unshare-pid --as-pid-1 --die-with-parent --new-session`): the
 same files, user and devices as the trainer, but no process outside the namespace has a pid it
 can name, so user code cannot signal the trainer (`os.kill(os.getppid(), 9)` signals pid 0, its
 own group, where process 1 ignores SIGKILL); when the worker ends — replaced, the pool closed,
@@ -30,8 +30,10 @@ def namespace_prefix(info_fd: int) -> list[str]:
     """bwrap's arguments that start the worker as process 1 of its own PID namespace; bwrap writes
     the worker's pid as the trainer sees it to `info_fd` (JSON, key `child-pid`)."""
     bwrap = shutil.which(BWRAP) or BWRAP
+    # --new-session: the worker's process group is its own, inside the namespace; bwrap's (outside)
+    # cannot be signalled as "pid 0"
     args = [bwrap, "--dev-bind", "/", "/", "--unshare-pid", "--as-pid-1", "--die-with-parent"]
-    return [*args, "--proc", "/proc", "--info-fd", str(info_fd), "--"]
+    return [*args, "--new-session", "--proc", "/proc", "--info-fd", str(info_fd), "--"]
 
 
 def pid_namespace_problem() -> str | None:
