@@ -76,9 +76,8 @@ def run_attacks(renderer, tokenizer, runner, modes):
     }
     rows = [prompt_row(renderer, "q", request_id=str(i), data_source="hostile") for i in range(len(modes))]
     tools = {f"attack_{m}": SocketAttackTool({"mode": m}, schema_named(f"attack_{m}")) for m in modes}
-    loop = AgentLoopRunner(
-        ScriptedEngine(tokenizer, replies), renderer, LIMITS, tools={**tools, "echo": EchoTool()}
-    )
+    engine = ScriptedEngine(tokenizer, replies)
+    loop = AgentLoopRunner(engine, renderer, LIMITS, tools={**tools, "echo": EchoTool()}, tool_runner=runner)
     return loop.run_sync(rows, SAMPLING)
 
 
