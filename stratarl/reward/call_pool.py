@@ -289,7 +289,10 @@ class CallPool:
             if slot.broken and not overran and slot.process.returncode == -signal.SIGKILL:  # we killed it
                 future.set_result(CallResult(reason="worker_broken", message=f"the worker {slot.broken}"))
                 continue
-            result = _ended_result(slot.process.returncode, overran, self.timeout_s, where)
+            returncode = slot.process.returncode
+            if self.isolation_problem is None and returncode is not None and returncode > 128:
+                returncode = 128 - returncode  # bwrap exits 128 + N when a signal N killed the worker
+            result = _ended_result(returncode, overran, self.timeout_s, where)
             if overran and slot.reader.partial_bytes:
                 result.message += f"; it had sent {slot.reader.partial_bytes} bytes of an unfinished message"
             future.set_result(result)
@@ -340,8 +343,20 @@ def _readable(socks: list[socket.socket], timeout_s: float) -> list[socket.socke
 
 
 def _namespace_pid(info_read: int, fallback: int) -> int:
-    """The worker's pid as the trainer sees it, from bwrap's --info-fd (read with a deadline)."""
-    data, deadline = b"", time.monotonic() + INFO_WAIT_S
+    """The worker's pid as the trainer sees it: the one child of the namespace's init, whose pid
+    bwrap writes to --info-fd (both read with a deadline; `fallback` when they do not come)."""
+    deadline = time.monotonic() + INFO_WAIT_S
+    init = _read_info_pid(info_read, deadline)
+    while init is not None and time.monotonic() < deadline:
+        children = _children(init)
+        if children:
+            return children[0]
+        time.sleep(0.005)
+    return fallback
+
+
+def _read_info_pid(info_read: int, deadline: float) -> int | None:
+    data = b""
     poller = select.poll()
     poller.register(info_read, select.POLLIN)
     while time.monotonic() < deadline:
@@ -353,7 +368,26 @@ def _namespace_pid(info_read: int, fallback: int) -> int:
         data += chunk
         with contextlib.suppress(ValueError, KeyError, TypeError):
             return int(json.loads(data)["child-pid"])
-    return fallback
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    """Children of `pid` (/proc/PID/task/PID/children; a scan of /proc where the kernel lacks it)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if (
+                entry.isdigit()
+                and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+            ):
+                found.append(int(entry))
+    return found
 
 
 def _result(fields: dict, value: bytes) -> CallResult:
@@ -397,11 +431,8 @@ def _ended_result(returncode: int | None, overran: bool, timeout_s: float, where
 
 
 def _kill(slot: _Slot) -> None:
-    """SIGKILL the worker (process 1 of its namespace: the kernel then kills all inside) and its
-    process group (it, or bwrap around it, and anything user code started), and reap it."""
-    if slot.worker_pid != slot.process.pid and slot.process.poll() is None:  # bwrap still reaps it
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(slot.worker_pid, signal.SIGKILL)
+    """SIGKILL the worker's process group: the worker and what user code started, or bwrap around
+    it (bwrap's init then dies, and the kernel kills all inside its PID namespace); and reap it."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(slot.process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):

@@ -1,12 +1,13 @@
 """Layer 5, rewards: how a `CallPool` worker is kept apart from the trainer — a PID namespace of its own.
 
-Where bubblewrap can make one (`pid_namespace_problem()` is None), each worker runs as process 1
-of a new PID namespace (`bwrap --dev-bind / / --unshare-pid --as-pid-1 --die-with-parent --new-session`): the
-same files, user and devices as the trainer, but no process outside the namespace has a pid it
-can name, so user code cannot signal the trainer (`os.kill(os.getppid(), 9)` signals pid 0, its
-own group, where process 1 ignores SIGKILL); when the worker ends — replaced, the pool closed,
-the trainer killed (bwrap's parent-death signal) — the kernel kills every process left in the
-namespace, `setsid` and double-forked grandchildren included. Elsewhere the worker is a plain
+Where bubblewrap can make one (`pid_namespace_problem()` is None), each worker runs in a new PID
+namespace (`bwrap --dev-bind / / --unshare-pid --die-with-parent --new-session`): the same files,
+user and devices as the trainer, but no process outside the namespace has a pid it can name, so
+user code cannot signal the trainer (`os.kill(os.getppid(), 9)` signals bwrap's init, process 1
+of the namespace, which ignores it). When the worker is replaced or the pool closes, the pool
+SIGKILLs bwrap; when the trainer dies, bwrap's parent-death signal does; bwrap's init then dies
+and the kernel kills every process left in the namespace, `setsid` and double-forked
+grandchildren included. Elsewhere the worker is a plain
 child in a session of its own: killed as a process group, and it asks the kernel for SIGKILL when
 the trainer's thread that started it ends (`set_parent_death_signal`); there, user code can still
 signal the trainer and a grandchild that calls `setsid` outlives the run. Stdlib only.
@@ -27,12 +28,13 @@ PR_SET_PDEATHSIG = 1
 
 
 def namespace_prefix(info_fd: int) -> list[str]:
-    """bwrap's arguments that start the worker as process 1 of its own PID namespace; bwrap writes
-    the worker's pid as the trainer sees it to `info_fd` (JSON, key `child-pid`)."""
+    """bwrap's arguments that start the worker in its own PID namespace; bwrap writes the pid of
+    the namespace's init (the worker's parent) as the trainer sees it to `info_fd` (JSON, key
+    `child-pid`)."""
     bwrap = shutil.which(BWRAP) or BWRAP
     # --new-session: the worker's process group is its own, inside the namespace; bwrap's (outside)
     # cannot be signalled as "pid 0"
-    args = [bwrap, "--dev-bind", "/", "/", "--unshare-pid", "--as-pid-1", "--die-with-parent"]
+    args = [bwrap, "--dev-bind", "/", "/", "--unshare-pid", "--die-with-parent"]
     return [*args, "--new-session", "--proc", "/proc", "--info-fd", str(info_fd), "--"]
 
 
@@ -48,7 +50,7 @@ def _probe(bwrap: str | None) -> str | None:
     read_fd, write_fd = os.pipe()
     try:
         probe = subprocess.run(
-            [*namespace_prefix(write_fd), sys.executable, "-S", "-c", "import os; assert os.getpid() == 1"],
+            [*namespace_prefix(write_fd), sys.executable, "-S", "-c", "import os; assert os.getppid() == 1"],
             capture_output=True,
             text=True,
             timeout=30,
