@@ -239,7 +239,7 @@ class CallPool:
     def _receive(self, slot: _Slot) -> None:
         """Read what the socket holds (never more), and act on each whole message in it."""
         try:
-            data = slot.sock.recv(2**20, socket.MSG_DONTWAIT)
+            data = slot.sock.recv(65536, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
