@@ -13,12 +13,12 @@ sends bytes that are not a frame or closes its socket is `worker_broken`, killed
 returned value the trainer cannot unpickle fails that one call (`bad_return`). Each worker is
 isolated from the trainer as `worker_isolation` says (a PID namespace where bubblewrap can make
 one), and all workers are started by the dispatcher thread, whose life their parent-death signal
-follows. Before it kills a call that ran out of time
-it has the worker dump its stacks (faulthandler, `stack_dumps`), so the timeout's message says
-where the call was stuck: `no result after 30 s; stuck at File "my_reward.py", line 12 in score`.
-Workers say "ready" when the handler is
-loaded, so start-up never counts against a job; a worker that cannot start (or does not within
-`start_timeout_s`) breaks the pool: every job then resolves `pool_broken`, and nothing hangs.
+follows. Before it kills a call that ran out of time it has the worker dump its stacks
+(faulthandler, `stack_dumps`), so the timeout's message says where the call was stuck:
+`no result after 30 s; stuck at File "my_reward.py", line 12 in score`. Workers say "ready" when
+the handler is loaded, so start-up never counts against a job; a worker that cannot start (or
+does not within `start_timeout_s`) breaks the pool: every job then resolves `pool_broken`, and
+nothing hangs.
 Used for scorers (`process_pool.ScoringPool`) and for tools (`stratarl.agent.tools.isolation`).
 """
 
