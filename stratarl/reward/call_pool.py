@@ -19,7 +19,7 @@ follows. Before it kills a call that ran out of time it has the worker dump its 
 the handler is loaded, so start-up never counts against a job; a worker that cannot start (or
 does not within `start_timeout_s`) breaks the pool: every job then resolves `pool_broken`, and
 nothing hangs.
-Used for scorers (`process_pool.ScoringPool`) and for tools (`stratarl.agent.tools.isolation`).
+Used for scorers (`process_pool.ScoringPool`) and for tools (`stratarl.agent.isolation`).
 """
 
 from __future__ import annotations
