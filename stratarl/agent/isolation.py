@@ -39,6 +39,8 @@ FAILURE_REASONS = frozenset(
         "CancelledError",
         "process_exit",
         "process_crash",
+        "worker_broken",  # it wrote bytes that are not a message to its socket, or closed it
+        "bad_return",  # what it returned cannot travel back (or be unpickled in the trainer)
         "pool_broken",
         "pool_closed",
     }

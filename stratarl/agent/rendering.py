@@ -12,11 +12,17 @@ the model never samples.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 _REFERENCE_USER = "reference question"
 _MARKER = "REFERENCE_ASSISTANT_CONTENT"
+
+
+def encode_plain(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of message text: a special token's text in it is split like any other characters."""
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)]
 
 
 class TemplateError(ValueError):
@@ -53,6 +59,11 @@ class ChatRenderer:
         # closes an assistant turn with something other than the EOS token.
         self.bridge_text = after[len(eos_text) :] if after.startswith(eos_text) else after
         self.closes_with_eos = after.startswith(eos_text)
+        self._special_texts = tuple(
+            token.content
+            for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
+            if token.special
+        ) + tuple(tokenizer.all_special_tokens)
 
     def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
         """The prompt with the generation prompt, tokenized in one call (tools passed to the template)."""
@@ -72,8 +83,31 @@ class ChatRenderer:
         return (self.bridge_text if after_eos else "") + full[len(self._reference_text) :]
 
     def observation_ids(self, messages: Sequence[dict[str, Any]], *, after_eos: bool = True) -> list[int]:
-        """`observation_text` as token ids (tokenized once; appended with response_mask 0)."""
-        return encode(self.tokenizer, self.observation_text(messages, after_eos=after_eos))
+        """`observation_text` as token ids (tokenized once; appended with response_mask 0). A message
+        whose text holds a special token's text is tokenized on its own, as plain text, between the
+        template's pieces; other observations are tokenized whole (the same ids as the template text)."""
+        if not any(self._holds_special_text(m) for m in messages):
+            return encode(self.tokenizer, self.observation_text(messages, after_eos=after_eos))
+        holders = {
+            i: f"STRATARL{uuid.uuid4().hex}"
+            for i, m in enumerate(messages)
+            if isinstance(m.get("content"), str)
+        }
+        marked = [{**m, "content": holders[i]} if i in holders else m for i, m in enumerate(messages)]
+        rest = self.observation_text(marked, after_eos=after_eos)
+        ids: list[int] = []
+        for i, holder in holders.items():
+            before, found, rest = rest.partition(holder)
+            if not found:
+                raise TemplateError(
+                    f"the chat template changed the text of a {messages[i].get('role')} message"
+                )
+            ids += encode(self.tokenizer, before) + encode_plain(self.tokenizer, messages[i]["content"])
+        return ids + encode(self.tokenizer, rest)
+
+    def _holds_special_text(self, message: dict[str, Any]) -> bool:
+        content = message.get("content")
+        return isinstance(content, str) and any(text in content for text in self._special_texts)
 
     def assistant_text(self, token_ids: Sequence[int]) -> str:
         """An assistant turn's text for the message history: the sampled ids decoded, EOS removed."""

@@ -6,21 +6,31 @@ or crash it; only a process boundary contains all of these. `CallPool(handler)` 
 a process holding torch threads). A dispatcher thread hands one job at a time to each idle worker
 and starts that job's clock when the worker takes it; a worker still busy after `timeout_s`, or
 one that ended, is killed with its whole process group and replaced, and its job resolves with
-reason `timeout`, `process_exit` or `process_crash`. Before it kills a call that ran out of time
-it has the worker dump its stacks (faulthandler, `stack_dumps`), so the timeout's message says
-where the call was stuck: `no result after 30 s; stuck at File "my_reward.py", line 12 in score`.
-Workers say "ready" when the handler is
-loaded, so start-up never counts against a job; a worker that cannot start (or does not within
-`start_timeout_s`) breaks the pool: every job then resolves `pool_broken`, and nothing hangs.
-Used for scorers (`process_pool.ScoringPool`) and for tools (`stratarl.agent.tools.isolation`).
+reason `timeout`, `process_exit` or `process_crash`. The dispatcher never blocks on a worker: it
+reads only what a socket already holds (`call_frames.FrameReader`), so a worker that wrote half a
+message still times out at its job's deadline, and it sends with a deadline too; a worker that
+sends bytes that are not a frame or closes its socket is `worker_broken`, killed and replaced. A
+returned value the trainer cannot unpickle fails that one call (`bad_return`). Each worker is
+isolated from the trainer as `worker_isolation` says (a PID namespace where bubblewrap can make
+one), and all workers are started by the dispatcher thread, whose life their parent-death signal
+follows. Before it kills a call that ran out of time it has the worker dump its stacks
+(faulthandler, `stack_dumps`), so the timeout's message says where the call was stuck:
+`no result after 30 s; stuck at File "my_reward.py", line 12 in score`. Workers say "ready" when
+the handler is loaded, so start-up never counts against a job; a worker that cannot start (or
+does not within `start_timeout_s`) breaks the pool: every job then resolves `pool_broken`, and
+nothing hangs.
+Used for scorers (`process_pool.ScoringPool`) and for tools (`stratarl.agent.isolation`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import logging
 import os
 import pickle
+import select
 import shutil
 import signal
 import socket
@@ -32,28 +42,37 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from stratarl.observe.stack_dumps import DUMP_SIGNAL, main_thread_frames, wait_for_dump
-from stratarl.reward.call_worker import CallResult
+from stratarl.reward.call_frames import FrameError, FrameReader, send_frame
+from stratarl.reward.call_worker import CallResult, describe
+from stratarl.reward.worker_isolation import namespace_prefix, pid_namespace_problem
+
+log = logging.getLogger(__name__)
 
 WORKER_COMMAND = "import sys; from stratarl.reward.call_worker import main; main(sys.argv)"
 STACK_WAIT_S = 1.0  # how long a timed-out worker may take to write its stacks before it is killed
+INFO_WAIT_S = 5.0  # how long bwrap may take to say the worker's pid
+CLOSE_GRACE_S = 1.0  # a worker whose socket closed this long ago and still runs is broken, not exiting
 
 
 @dataclass
 class _Slot:
     """One worker process and the job it runs (None when idle)."""
 
-    process: subprocess.Popen
-    conn: Connection
+    process: subprocess.Popen  # the worker, or bwrap around it
+    sock: socket.socket
     started_at: float
     stack_path: Path
+    worker_pid: int  # the worker's pid as the trainer sees it (signalled for its stacks)
+    reader: FrameReader
     future: Future | None = None
     job_started: float = 0.0
     is_ready: bool = False  # the worker said "ready": the handler is loaded
+    broken: str | None = None  # why the worker can no longer be talked to (killed and replaced)
+    closed_at: float | None = None  # when its socket reached its end (it exits, or user code closed it)
 
 
 class CallPool:
@@ -87,7 +106,11 @@ class CallPool:
         self.broken: str | None = None  # why the pool stopped by itself (a worker could not start)
         self._stack_dir = Path(tempfile.mkdtemp(prefix=f"stratarl-{name}-"))  # the workers' stack dumps
         self._worker_ids = itertools.count()
-        self._slots = [self._start_worker() for _ in range(num_workers)]
+        self.num_workers = num_workers
+        self.isolation_problem = pid_namespace_problem()  # None: each worker in its own PID namespace
+        if self.isolation_problem is not None:
+            log.warning("%s: workers run without a PID namespace (%s)", name, self.isolation_problem)
+        self._slots: list[_Slot] = []  # started by the dispatcher thread, whose life they follow
         self._dispatcher = threading.Thread(target=self._dispatch, name=name, daemon=True)
         self._dispatcher.start()
 
@@ -120,26 +143,48 @@ class CallPool:
     # --- dispatcher thread -------------------------------------------------------------------
     def _start_worker(self) -> _Slot:
         parent, child = socket.socketpair()
-        with child:
-            process = subprocess.Popen(
-                [sys.executable, "-c", WORKER_COMMAND, str(child.fileno())],
-                pass_fds=(child.fileno(),),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: killed with whatever user code started
-            )
-        conn = Connection(parent.detach())
+        command = [sys.executable, "-c", WORKER_COMMAND, str(child.fileno())]
+        if self.isolation_problem is None:  # bwrap writes the worker's pid to the info pipe
+            info_read, info_write = os.pipe()
+            command = [*namespace_prefix(info_write), *command, "0"]
+        else:
+            info_read, info_write = -1, -1
+            command.append(str(os.getpid()))  # the parent it dies with
+        try:
+            with child:
+                process = subprocess.Popen(
+                    command,
+                    pass_fds=tuple(fd for fd in (child.fileno(), info_write) if fd >= 0),
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own process group: killed with whatever user code started
+                )
+        finally:
+            if info_write >= 0:
+                os.close(info_write)
+        worker_pid = process.pid
+        if info_read >= 0:
+            worker_pid = _namespace_pid(info_read, process.pid)
+            os.close(info_read)
         stack_path = self._stack_dir / f"worker-{next(self._worker_ids)}.txt"
         setup = {
             "sys_path": list(sys.path),
             "max_output_bytes": self.max_output_bytes,
             "stack_path": str(stack_path),
         }
+        slot = _Slot(process, parent, time.monotonic(), stack_path, worker_pid, FrameReader())
+        self._send(slot, pickle.dumps(setup), self.start_timeout_s)
+        self._send(slot, self._payload, self.start_timeout_s)
+        return slot
+
+    def _send(self, slot: _Slot, data: bytes, timeout_s: float) -> None:
+        """One frame to a worker, waiting at most `timeout_s` for it to take the bytes."""
+        slot.sock.settimeout(timeout_s)
         try:
-            conn.send(setup)
-            conn.send_bytes(self._payload)
-        except OSError:  # it died at once: _reap reports the failed start
-            process.wait(timeout=5)
-        return _Slot(process, conn, started_at=time.monotonic(), stack_path=stack_path)
+            send_frame(slot.sock, data)
+        except TimeoutError:
+            slot.broken = f"took no input for {timeout_s:g} s"
+        except OSError:  # it died: _reap sees the exit code
+            slot.process.poll()
 
     def _dispatch(self) -> None:
         """The pool's one thread. Should it ever fail, the pool breaks and every job resolves: a
@@ -151,6 +196,8 @@ class CallPool:
             self._drain_closed()
 
     def _run(self) -> None:
+        for _ in range(self.num_workers):
+            self._slots.append(self._start_worker())
         while True:
             with self._lock:
                 closed = self._closed
@@ -158,10 +205,13 @@ class CallPool:
                 self._drain_closed()
                 return
             self._assign_idle()
-            watched = {s.conn: s for s in self._slots if s.future is not None or not s.is_ready}
-            ready = wait(list(watched), timeout=0.02) if watched else []
-            for conn in ready:
-                self._receive(watched[conn])
+            watched = {
+                s.sock: s
+                for s in self._slots
+                if (s.future is not None or not s.is_ready) and not s.broken and s.closed_at is None
+            }
+            for sock in _readable(list(watched), timeout_s=0.02):
+                self._receive(watched[sock])
             self._reap(time.monotonic())
             if not watched:
                 self._wake.wait(0.05)
@@ -169,7 +219,7 @@ class CallPool:
 
     def _assign_idle(self) -> None:
         for slot in self._slots:
-            if slot.future is not None or not slot.is_ready:
+            if slot.future is not None or not slot.is_ready or slot.broken:
                 continue
             with self._lock:
                 if not self._queue:
@@ -177,43 +227,84 @@ class CallPool:
                 job, future = self._queue.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
-            with contextlib.suppress(OSError, ValueError):  # died while idle: _reap replaces it
-                slot.conn.send(job)
             slot.future, slot.job_started = future, time.monotonic()
+            try:
+                data = pickle.dumps(job)
+            except Exception as err:
+                slot.future = None
+                future.set_result(CallResult(reason="bad_job", message=f"cannot be sent: {describe(err)}"))
+                continue
+            self._send(slot, data, self.timeout_s)  # its clock runs: a worker that takes nothing times out
 
     def _receive(self, slot: _Slot) -> None:
+        """Read what the socket holds (never more), and act on each whole message in it."""
         try:
-            message = slot.conn.recv()
-        except (EOFError, OSError):
-            slot.process.poll()  # it died: _reap sees the exit code
+            data = slot.sock.recv(65536, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
             return
-        if isinstance(message, tuple) and message[0] == "setup_failed":
-            self._break(f"a worker of {self.name} failed to start: {message[1]}")
-        elif isinstance(message, tuple) and message[0] == "ready":
+        except OSError:
+            data = b""
+        if not data:  # closed: the worker is ending (_reap sees the exit code) or user code closed it
+            slot.closed_at = time.monotonic()
+            return
+        try:
+            frames = slot.reader.feed(data)
+        except FrameError as err:
+            slot.broken = f"sent bytes that are not a message ({err})"
+            return
+        for frame in frames:
+            self._handle(slot, frame)
+
+    def _handle(self, slot: _Slot, frame: bytes) -> None:
+        try:
+            kind, *body = pickle.loads(frame)
+            result = _result(*body) if kind == "result" else None
+        except Exception as err:  # not what a worker sends: user code wrote to the socket
+            slot.broken = f"sent a message that cannot be read: {describe(err)}"
+            return
+        if kind == "setup_failed":
+            self._break(f"a worker of {self.name} failed to start: {body[0]}")
+        elif kind == "ready":
             slot.is_ready = True
-        elif slot.future is not None:
+        elif result is not None and slot.future is not None:
             future, slot.future = slot.future, None
-            future.set_result(message)
+            future.set_result(result)
 
     def _reap(self, now: float) -> None:
-        """Replace workers that overran their job's deadline or ended; break on a failed start."""
+        """Replace workers that overran their job's deadline, ended or broke; break on a failed start."""
         for i, slot in enumerate(self._slots):
             ended = slot.process.poll() is not None
+            if slot.closed_at is not None and not ended and now - slot.closed_at > CLOSE_GRACE_S:
+                slot.broken = slot.broken or "closed its socket"
             if slot.future is None:
-                if not slot.is_ready and (ended or now - slot.started_at > self.start_timeout_s):
-                    why = f"exit code {slot.process.returncode}" if ended else "not ready in time"
-                    self._break(f"a worker of {self.name} failed to start ({why})")
-                elif ended:  # died while idle (e.g. a thread user code left behind called os._exit)
-                    self._slots[i] = self._replace(slot)
+                self._reap_idle(i, slot, ended, now)
                 continue
             overran = now - slot.job_started > self.timeout_s
-            if not overran and not ended:
+            if not (overran or ended or slot.broken):
                 continue
             where = _stuck_at(slot) if overran and not ended else []
             _kill(slot)
             future = slot.future
             self._slots[i] = self._replace(slot)
-            future.set_result(_ended_result(slot.process.returncode, overran, self.timeout_s, where))
+            if slot.broken and not overran and slot.process.returncode == -signal.SIGKILL:  # we killed it
+                future.set_result(CallResult(reason="worker_broken", message=f"the worker {slot.broken}"))
+                continue
+            returncode = slot.process.returncode
+            if self.isolation_problem is None and returncode is not None and returncode > 128:
+                returncode = 128 - returncode  # bwrap exits 128 + N when a signal N killed the worker
+            result = _ended_result(returncode, overran, self.timeout_s, where)
+            if overran and slot.reader.partial_bytes:
+                result.message += f"; it had sent {slot.reader.partial_bytes} bytes of an unfinished message"
+            future.set_result(result)
+
+    def _reap_idle(self, i: int, slot: _Slot, ended: bool, now: float) -> None:
+        if not slot.is_ready:
+            late = now - slot.started_at > self.start_timeout_s
+            if ended or slot.broken or late:
+                why = f"exit code {slot.process.returncode}" if ended else slot.broken or "not ready in time"
+                self._break(f"a worker of {self.name} failed to start ({why})")
+        elif ended or slot.broken:  # e.g. a thread user code left behind called os._exit
+            self._slots[i] = self._replace(slot)
 
     def _replace(self, slot: _Slot) -> _Slot:
         _kill(slot)
@@ -239,12 +330,84 @@ class CallPool:
                 future.set_result(CallResult(reason=reason, message=message))
 
 
+def _readable(socks: list[socket.socket], timeout_s: float) -> list[socket.socket]:
+    """The sockets with bytes (or an end) to read, waiting at most `timeout_s` (poll, not select:
+    a trainer holds descriptors above select's 1024)."""
+    if not socks:
+        return []
+    poller = select.poll()
+    by_fd = {sock.fileno(): sock for sock in socks}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(timeout_s * 1000)]
+
+
+def _namespace_pid(info_read: int, fallback: int) -> int:
+    """The worker's pid as the trainer sees it: the one child of the namespace's init, whose pid
+    bwrap writes to --info-fd (both read with a deadline; `fallback` when they do not come)."""
+    deadline = time.monotonic() + INFO_WAIT_S
+    init = _read_info_pid(info_read, deadline)
+    while init is not None and time.monotonic() < deadline:
+        children = _children(init)
+        if children:
+            return children[0]
+        time.sleep(0.005)
+    return fallback
+
+
+def _read_info_pid(info_read: int, deadline: float) -> int | None:
+    data = b""
+    poller = select.poll()
+    poller.register(info_read, select.POLLIN)
+    while time.monotonic() < deadline:
+        if not poller.poll(max(deadline - time.monotonic(), 0) * 1000):
+            break
+        chunk = os.read(info_read, 4096)
+        if not chunk:
+            break
+        data += chunk
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(data)["child-pid"])
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    """Children of `pid` (/proc/PID/task/PID/children; a scan of /proc where the kernel lacks it)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if (
+                entry.isdigit()
+                and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+            ):
+                found.append(int(entry))
+    return found
+
+
+def _result(fields: dict, value: bytes) -> CallResult:
+    """A result message as a `CallResult`; a value that cannot be unpickled here fails this call."""
+    result = CallResult(**fields)
+    if result.reason is None:
+        try:
+            result.value = pickle.loads(value)
+        except Exception as err:
+            result.reason = "bad_return"
+            result.message = f"the result cannot be unpickled in the trainer: {describe(err)}"[:300]
+    return result
+
+
 def _stuck_at(slot: _Slot) -> list[str]:
     """The innermost frames of the call a worker is still running (it writes its stacks on
     SIGUSR1); [] when it does not answer within STACK_WAIT_S."""
     size = slot.stack_path.stat().st_size if slot.stack_path.exists() else 0
     try:
-        os.kill(slot.process.pid, DUMP_SIGNAL)
+        os.kill(slot.worker_pid, DUMP_SIGNAL)
     except OSError:
         return []
     if not wait_for_dump(slot.stack_path, size, timeout_s=STACK_WAIT_S):
@@ -268,9 +431,10 @@ def _ended_result(returncode: int | None, overran: bool, timeout_s: float, where
 
 
 def _kill(slot: _Slot) -> None:
-    """SIGKILL the worker's process group (it and anything user code started) and reap it."""
+    """SIGKILL the worker's process group: the worker and what user code started, or bwrap around
+    it (bwrap's init then dies, and the kernel kills all inside its PID namespace); and reap it."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(slot.process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         slot.process.wait(timeout=5)
-    slot.conn.close()
+    slot.sock.close()

@@ -1,13 +1,17 @@
 """Layer 5, rewards: the worker process of a `call_pool.CallPool` — runs user code, one call at a time.
 
-Started as `python -m stratarl.reward.call_worker FD` (FD: its end of a socket pair with the pool).
-It receives its setup (the parent's sys.path, the output cap), then the pickled handler (unpickling
-imports the user's code: a failure is reported, not raised), says "ready", and then answers each
-job with one `CallResult`. On SIGUSR1 it writes every thread's stack to the file its setup names
-(faulthandler: in C, so even a call stuck in a C loop answers) — the pool asks before it kills a
-call that ran out of time, to say where it was. Whatever a call raises — SystemExit and
-KeyboardInterrupt included — is its result's `reason`. The process's stdout and stderr (file
-descriptors 1 and 2, so C extensions and child processes too) go to a pipe drained by a thread:
+Started as `python -c ... FD PARENT` (FD: its end of a socket pair with the pool; PARENT: the pid
+it must die with, 0 inside a PID namespace, see `worker_isolation`). Messages are `call_frames`
+frames. It receives its setup (the parent's sys.path, the output cap), then the pickled handler
+(unpickling imports the user's code: a failure is reported, not raised), says "ready", and then
+answers each job with one result message: the `CallResult` fields as plain strings and numbers,
+and the returned value pickled on its own, so a value the trainer cannot unpickle costs that one
+call (`bad_return`), never the message or the pool. On SIGUSR1 it writes every thread's stack
+to the file its setup names (faulthandler: in C, so even a call stuck in a C loop answers) — the
+pool asks before it kills a call that ran out of time, to say where it was. Whatever a call
+raises — SystemExit and KeyboardInterrupt included — is its result's `reason`. The process's
+stdout and stderr (file descriptors 1 and 2, so C extensions and child processes too) go to a
+pipe drained by a thread:
 each call's bytes are counted and the first `max_output_bytes` kept; nothing of it reaches the
 trainer's terminal or log. Stdlib only, so a worker starts in a fraction of a second.
 """
@@ -19,12 +23,15 @@ import faulthandler
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import traceback
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from dataclasses import dataclass, fields
 from typing import Any
+
+from stratarl.reward.call_frames import recv_frame, send_frame
+from stratarl.reward.worker_isolation import set_parent_death_signal
 
 
 @dataclass
@@ -101,36 +108,51 @@ def run_call(handler: Any, job: Any) -> CallResult:
 def describe(err: BaseException) -> str:
     if isinstance(err, SystemExit):
         return f"exit code {err.code!r}"
-    return f"{type(err).__name__}: {err}"[:300]
+    try:
+        text = str(err)
+    except Exception:  # an exception whose __str__ raises is still reported, by its class name
+        text = "<message could not be printed>"
+    return f"{type(err).__name__}: {text}"[:300]
+
+
+def result_message(result: CallResult) -> bytes:
+    """("result", the fields but `value` as plain data, the pickled value): the outer pickle holds
+    only str/int/bytes, so it always unpickles in the trainer."""
+    plain = {f.name: getattr(result, f.name) for f in fields(result) if f.name != "value"}
+    try:
+        value = pickle.dumps(result.value)
+    except Exception as err:  # an unpicklable return value
+        plain |= {"reason": "bad_return", "message": f"result cannot be sent back: {describe(err)}"[:300]}
+        value = pickle.dumps(None)
+    return pickle.dumps(("result", plain, value))
 
 
 def main(argv: list[str]) -> None:
-    conn = Connection(int(argv[1]))
+    set_parent_death_signal(int(argv[2]) if len(argv) > 2 else 0)
+    sock = socket.socket(fileno=int(argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    setup = conn.recv()
+    setup = pickle.loads(recv_frame(sock))
     sys.path[:0] = [p for p in setup["sys_path"] if p not in sys.path]
     capture = OutputCapture(setup["max_output_bytes"])
     if setup.get("stack_path"):  # SIGUSR1: every thread's stack into this file (the pool asks on a timeout)
         stacks = open(setup["stack_path"], "w", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     try:
-        handler = pickle.loads(conn.recv_bytes())
+        handler = pickle.loads(recv_frame(sock))
     except BaseException as err:
-        conn.send(("setup_failed", "".join(traceback.format_exception_only(type(err), err)).strip()))
+        failure = "".join(traceback.format_exception_only(type(err), err)).strip()
+        send_frame(sock, pickle.dumps(("setup_failed", failure)))
         return
     capture.mark()  # what importing the handler printed is nobody's call
-    conn.send(("ready", os.getpid()))
+    send_frame(sock, pickle.dumps(("ready", os.getpid())))
     while True:
         try:
-            job = conn.recv()
+            job = pickle.loads(recv_frame(sock))
         except (EOFError, OSError):
             return
         result = run_call(handler, job)
         result.output_bytes, result.output_head = capture.mark()
-        try:
-            conn.send(result)
-        except Exception as err:  # an unpicklable return value
-            conn.send(CallResult(reason="bad_return", message=f"result cannot be sent back: {err}"[:300]))
+        send_frame(sock, result_message(result))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Run as `python -I -S -B guard.py CONFIG_JSON PROGRAM` inside the OS sandbox (`sandbox_namespace`);
 stdlib only. It installs an audit hook (PEP 578) that refuses process creation, signals, sockets,
-native code (ctypes), file access outside the working directory (reads of the standard library
+native code (ctypes), subinterpreters (audit hooks are per interpreter: code run in a new one
+would not be seen), file access outside the working directory (reads of the standard library
 excepted) and the introspection that would reach the hook itself (gc, frames), then executes the
 program as a module of its own. The hook's policy lives in its closure, bound when it is made, so
 rewriting this file's globals, `os.path` or `builtins` afterwards changes nothing. It is a second
@@ -19,7 +20,8 @@ import sysconfig
 import types
 
 # Events refused outright (prefix match): process creation, signalling, sockets, native code,
-# introspection that could reach the hook's frame or closure.
+# creating an interpreter (its code would run without this hook), introspection that could reach
+# the hook's frame or closure.
 BLOCKED_PREFIXES = (
     "os.fork",
     "os.forkpty",
@@ -51,9 +53,25 @@ BLOCKED_PREFIXES = (
     "gc.get_referrers",
     "gc.get_referents",
     "sqlite3.",
+    "cpython.PyInterpreterState_New",
 )
 # Sockets stay importable (asyncio imports them); creating or using one is refused by event.
-BLOCKED_IMPORTS = frozenset({"_posixsubprocess", "ctypes", "_ctypes", "_multiprocessing", "_sqlite3"})
+# A dotted name is matched whole, any other by its top-level package.
+BLOCKED_IMPORTS = frozenset(
+    {
+        "_posixsubprocess",
+        "ctypes",
+        "_ctypes",
+        "_multiprocessing",
+        "_sqlite3",
+        "_xxsubinterpreters",  # subinterpreters: 3.11-3.12
+        "_xxinterpchannels",
+        "_interpreters",  # 3.13+
+        "_interpchannels",
+        "_interpqueues",
+        "concurrent.interpreters",  # 3.14+
+    }
+)
 # Attribute reads that hand out frames (audited by CPython as object.__getattr__).
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_globals"})
 # Events whose first argument is a path that must stay inside the working directory (reads of the
@@ -124,7 +142,11 @@ def make_hook(
     def hook(event: str, args: tuple) -> None:
         if event.startswith(_blocked):
             raise _error(f"sandbox: {event} is not allowed")
-        if event == "import" and args and _str(args[0]).split(".")[0] in _imports:
+        if (
+            event == "import"
+            and args
+            and (_str(args[0]) in _imports or _str(args[0]).split(".")[0] in _imports)
+        ):
             raise _error(f"sandbox: importing {args[0]} is not allowed")
         if event == "object.__getattr__" and _len(args) > 1 and args[1] in _frames:
             raise _error(f"sandbox: reading {args[1]} is not allowed")

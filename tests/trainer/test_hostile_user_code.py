@@ -16,9 +16,19 @@ from tests.trainer.test_rl_trainer import small_config
 
 HOSTILE_SCORER = textwrap.dedent(
     """
-    import os, sys, time
+    import os, stat, struct, sys, time
+
+    class NeedsTwoArguments(Exception):  # pickles as NeedsTwoArguments(msg): cannot be unpickled
+        def __init__(self, a, b):
+            super().__init__(f"{a}/{b}")
 
     def compute_score(data_source, solution_str, ground_truth, extra_info=None, mode="ok"):
+        if mode == "half_message":  # to the worker's socket: a header promising 64 KiB, then 1 byte
+            fd = next(fd for fd in range(3, 256) if _is_socket(fd))
+            os.write(fd, struct.pack("!Q", 65536) + b"x")
+            time.sleep(10**6)
+        if mode == "unpicklable":
+            return {"score": 1.0, "error": NeedsTwoArguments(1, 2)}
         if mode == "sleep":
             time.sleep(10**6)
         if mode == "exit0":
@@ -29,6 +39,12 @@ HOSTILE_SCORER = textwrap.dedent(
             print("x" * 2**20)
             return 0.5
         return 0.25  # a plain float: no extras at all
+
+    def _is_socket(fd):
+        try:
+            return stat.S_ISSOCK(os.fstat(fd).st_mode)
+        except OSError:
+            return False
     """
 )
 STEPS = ["trainer.total_steps=2", "trainer.test_freq=2", "data.prompts_per_step=2", "rollout.n=2"]
@@ -48,7 +64,14 @@ def hostile_run(config, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("mode", "reason"), [("sleep", "timeout"), ("exit0", "process_exit"), ("sysexit", "SystemExit")]
+    ("mode", "reason"),
+    [
+        ("sleep", "timeout"),
+        ("exit0", "process_exit"),
+        ("sysexit", "SystemExit"),
+        ("half_message", "timeout"),  # the dispatcher never waits for the rest of a message
+        ("unpicklable", "bad_return"),  # a result the trainer cannot unpickle costs its sample only
+    ],
 )
 def test_a_scorer_that_hangs_or_exits_costs_its_samples_not_the_run(task, tmp_path, mode, reason):
     scorer = tmp_path / "hostile_reward.py"
