@@ -5,7 +5,7 @@
     POST /e/<episode>/v1/completions         text or token ids -> engine -> text
     (/e/<episode>/v1/models answers too: the episode's base_url is a complete OpenAI base URL)
 
-On 127.0.0.1, a free port, and a key made per gateway: a request without `Authorization: Bearer
+On 127.0.0.1, a free port, and a key made per run (or per gateway): a request without `Authorization: Bearer
 <key>` gets 401. Each episode has its own base URL, so its calls are recorded into its
 `EpisodeCapture` (the exact ids the engine saw and sampled) whatever the agent's control flow; a
 call to a finished or unknown episode gets 404. Errors are the OpenAI error object with a 4xx
@@ -56,13 +56,14 @@ class Gateway:
         max_prompt_tokens: int,
         tool_format: str = "hermes",
         seed: int | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.renderer, self.tokenizer = renderer, renderer.tokenizer
         self.sampling, self.max_prompt_tokens, self.seed = sampling, max_prompt_tokens, seed
         self.format = ToolCallFormat(tool_format)
         self.batcher = EngineBatcher(engine)
         self.http = HttpServer(self.handle)
-        self.api_key = "sk-stratarl-" + secrets.token_hex(16)
+        self.api_key = api_key or new_api_key()
         self.episodes: dict[str, EpisodeCapture] = {}
         self.server_errors = 0
         self._ids = itertools.count()
@@ -270,6 +271,10 @@ class Gateway:
                 "total_tokens": len(prompt_ids) + completion,
             },
         }
+
+
+def new_api_key() -> str:
+    return "sk-stratarl-" + secrets.token_hex(16)
 
 
 def _split_path(path: str) -> tuple[str | None, str]:
