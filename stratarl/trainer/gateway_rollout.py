@@ -14,6 +14,7 @@ Episodes that timed out or raised are counted (`agent/gateway_*`) and not traine
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,10 @@ class GatewayRollout:
                     timeout_s=self.episode_timeout_s,
                     max_concurrent=self.max_concurrent,
                 )
+                # Clients the agents dropped without closing close themselves when collected, on
+                # this loop: collect them while it still runs (not after asyncio.run closed it).
+                gc.collect()
+                await asyncio.sleep(0)
                 return captures, gateway.server_errors
 
         return asyncio.run(serve_and_run())
