@@ -41,6 +41,9 @@ def gateway_run(task, root, *extra):
         (["agent.gateway.agent_function_name=missing"], "agent.gateway.agent_function_name: "),
         (["agent.gateway.agent_function_name=calculate"], "must be an `async def`"),
         (["agent.enable=true"], "choose one: the built-in tool loop"),
+        (["trainer.mode=one_step_off"], "the gateway runs in trainer.mode=sync only"),
+        (["algorithm.filter_groups.enable=true"], "dynamic sampling is not built for gateway rows"),
+        (["agent.gateway.episode_timeout_s=0"], "agent.gateway.episode_timeout_s: must be > 0"),
     ],
 )
 def test_a_bad_agent_program_is_refused_naming_the_key(tiny_task, tmp_path, capsys, overrides, message):
