@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would fetch a multi-GB CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,test]"
 	# `stratarl verl` starts from verl's own defaults, the generated config in its wheel. --no-deps:
 	# its requirements would replace torch and transformers; nothing imports verl outside the parity tests.
 	$(PY) -m pip install -q --no-deps verl==0.9.1

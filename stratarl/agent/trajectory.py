@@ -21,6 +21,7 @@ StopReason = Literal[
     "parse_error",  # a malformed tool call, with on_parse_error="terminate"
     "interaction_done",  # the interaction ended the episode
     "interaction_error",  # the interaction raised, timed out or exited (see Trajectory.failures)
+    "agent_returned",  # an agent program behind the gateway returned (agent.gateway, docs/agent_gateway.md)
 ]
 
 
@@ -45,7 +46,8 @@ class ToolCallRecord:
 class Turn:
     """A span [start, end) of the response: an assistant turn (sampled) or an observation.
 
-    role: "assistant", "tool" (tool results or a parse-error message) or "user" (an interaction).
+    role: "assistant", "tool" (tool results or a parse-error message), "user" (an interaction), or
+    "observation" (the gateway: what an agent program's next prompt added, of unknown origin).
     """
 
     role: str

@@ -7,15 +7,39 @@ validation does too. The keys become `stratarl.agent.tool_loop.LoopLimits` in th
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from pathlib import Path
 
 from stratarl.config.errors import ConfigProblem
-from stratarl.config.setting import setting
+from stratarl.config.setting import section, setting
 
 MT = "actor_rollout_ref.rollout.multi_turn"  # verl's prefix of the multi-turn settings
 AGENT_LOOPS = ("tool_agent", "single_turn_agent")
 TRUNCATE_SIDES = ("head", "tail", "middle")
+
+
+@dataclass
+class GatewayConfig:
+    """Train an agent program of your own: it talks to the policy through an OpenAI-compatible
+    endpoint the trainer serves during generation and validation (docs/agent_gateway.md)."""
+
+    enable: bool = setting(
+        False,
+        "run agent.gateway.agent_function_path's function once per rollout row instead of the built-in "
+        "tool loop; its OpenAI calls are served by the rollout engine and trained token for token",
+    )
+    agent_function_path: str = setting(
+        "", "Python file defining the agent: async def run_episode(base_url, api_key, row) -> reward"
+    )
+    agent_function_name: str = setting("run_episode", "name of the async agent function in that file")
+    episode_timeout_s: float = setting(
+        300.0, "seconds one episode may run; then it is cancelled, counted, and not trained on"
+    )
+    max_concurrent_episodes: int = setting(64, "episodes running at once (their calls share engine batches)")
+    max_prompt_tokens: int = setting(
+        4096, "longest prompt one call may send; longer ones get a 400 context_length_exceeded"
+    )
 
 
 @dataclass
@@ -84,6 +108,9 @@ class AgentConfig:
     streaming_reward: bool = setting(
         False, "score each episode as it finishes (reward.* scorers), overlapping generation"
     )
+    gateway: GatewayConfig = section(
+        GatewayConfig, "an OpenAI-compatible endpoint for your own agent program"
+    )
 
 
 def agent_problems(
@@ -124,3 +151,71 @@ def agent_problems(
             )
         )
     return problems
+
+
+def gateway_problems(
+    gateway: GatewayConfig,
+    *,
+    agent_enable: bool,
+    adv_estimator: str,
+    trainer_mode: str,
+    filter_groups: bool,
+    check_paths: bool = True,
+) -> list[ConfigProblem]:
+    """The problems of `agent.gateway.*` (part of `validate_config`): ranges, the agent file and its
+    function (found by parsing the file, nothing is run here), and what is not built with it."""
+    if not gateway.enable:
+        return []
+    checks = [
+        (gateway.episode_timeout_s <= 0, ("agent.gateway.episode_timeout_s",), "must be > 0"),
+        (gateway.max_concurrent_episodes < 1, ("agent.gateway.max_concurrent_episodes",), "must be ≥ 1"),
+        (gateway.max_prompt_tokens < 1, ("agent.gateway.max_prompt_tokens",), "must be ≥ 1"),
+        (
+            agent_enable,
+            ("agent.enable", "agent.gateway.enable"),
+            "choose one: the built-in tool loop (agent.enable) or your own agent program (agent.gateway)",
+        ),
+        (
+            trainer_mode != "sync",
+            ("agent.gateway.enable", "trainer.mode"),
+            "the gateway runs in trainer.mode=sync only (not built for the off-policy modes yet)",
+        ),
+        (
+            filter_groups,
+            ("agent.gateway.enable", "algorithm.filter_groups.enable"),
+            "dynamic sampling is not built for gateway rows (an episode may give several rows)",
+        ),
+        (
+            adv_estimator == "remax",
+            ("agent.gateway.enable", "algorithm.adv_estimator"),
+            "remax's greedy baseline is a single-turn generation; it is not defined for agent episodes",
+        ),
+    ]
+    problems = [ConfigProblem(keys, message) for fails, keys, message in checks if fails]
+    return problems + _agent_file_problems(gateway, check_paths=check_paths)
+
+
+def _agent_file_problems(gateway: GatewayConfig, *, check_paths: bool) -> list[ConfigProblem]:
+    path_key, name_key = "agent.gateway.agent_function_path", "agent.gateway.agent_function_name"
+    path = gateway.agent_function_path
+    if not path:
+        return [ConfigProblem((path_key,), "is required with agent.gateway.enable=true")]
+    if not check_paths:
+        return []
+    if not Path(path).is_file():
+        return [ConfigProblem((path_key,), f"file not found: {path}")]
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=path)
+    except (SyntaxError, ValueError, UnicodeDecodeError) as err:
+        return [ConfigProblem((path_key,), f"{path} is not valid Python: {err}")]
+    name = gateway.agent_function_name
+    defined = {
+        node.name: node for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    if name not in defined:
+        return [ConfigProblem((name_key,), f"{path} defines no top-level function {name!r}")]
+    if not isinstance(defined[name], ast.AsyncFunctionDef):
+        return [
+            ConfigProblem((name_key,), f"{name!r} in {path} must be an `async def` (base_url, api_key, row)")
+        ]
+    return []

@@ -19,7 +19,7 @@ from stratarl.config.errors import ConfigError, ConfigProblem
 from stratarl.config.model_dirs import model_dir_problems, tokenizer_dir_problems
 from stratarl.config.rollout_weights import weight_sharing_problems
 from stratarl.config.runtime_checks import runtime_problems
-from stratarl.config.schema_agent import agent_problems
+from stratarl.config.schema_agent import agent_problems, gateway_problems
 from stratarl.config.schema_async import async_problems, async_warnings
 from stratarl.config.schema_data import reward_problems
 from stratarl.config.schema_observe import observe_problems
@@ -113,6 +113,14 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *_engine_problems(cfg),
         *runtime_problems(cfg),
         *agent_problems(cfg.agent, adv_estimator=cfg.algorithm.adv_estimator, check_paths=check_paths),
+        *gateway_problems(
+            cfg.agent.gateway,
+            agent_enable=cfg.agent.enable,
+            adv_estimator=cfg.algorithm.adv_estimator,
+            trainer_mode=cfg.trainer.mode,
+            filter_groups=cfg.algorithm.filter_groups.enable,
+            check_paths=check_paths,
+        ),
         *observe_problems(cfg.trace, cfg.watchdog),
         *async_problems(cfg),
         *weight_sharing_problems(cfg),

@@ -37,7 +37,7 @@ from stratarl.run_directory import checkpointing
 from stratarl.run_directory.claim import claim_run_directory
 from stratarl.run_directory.lock import RunLock
 from stratarl.run_directory.run_summary import finish_run, write_placement
-from stratarl.trainer import agent_rollout, interruption, phases, pi_old, training_modes
+from stratarl.trainer import agent_rollout, gateway_rollout, interruption, phases, pi_old, training_modes
 from stratarl.trainer.agent_validation import run_agent_validation
 from stratarl.trainer.batch_sources import BatchSource
 from stratarl.trainer.correction import build_correction
@@ -117,6 +117,8 @@ class RLTrainer:
         self.monitor = PhaseMonitor(self.watchdog, roles=run_watch.PHASE_ROLES)
         # agent.enable: multi-turn episodes with tools in generate and validation; None: one turn
         self.agent = agent_rollout.build_agent_rollout(cfg, self.tokenizer)
+        # agent.gateway.enable: the user's agent program through the OpenAI-compatible gateway instead
+        self.agent = self.agent or gateway_rollout.build_gateway_rollout(cfg, self.tokenizer)
         # Last, so that nothing after them can fail and leave processes behind: the policy, for PPO
         # the critic (the actor waits critic.warmup_training_steps steps), then the reward's workers
         # (a reward model's Ray actor joins the policy's cluster).
@@ -416,6 +418,8 @@ class RLTrainer:
         assert self.val_set is not None
         v = self.cfg.rollout.val_kwargs
         run = run_validation if self.agent is None else partial(run_agent_validation, self.agent)
+        if isinstance(self.agent, gateway_rollout.GatewayRollout):
+            run = partial(gateway_rollout.run_gateway_validation, self.agent)
         with self.monitor.phase("val", step=step, rows=len(self.val_set)):
             metrics, records = run(
                 self.worker,

@@ -41,6 +41,7 @@ from stratarl.trainer import phases, sampling_phases
 from stratarl.trainer.agent_rollout import AgentRollout
 from stratarl.trainer.batch_sources import BatchSource, staleness_metrics
 from stratarl.trainer.correction import NoCorrection
+from stratarl.trainer.gateway_rollout import GatewayRollout
 from stratarl.trainer.pi_old import OldLogProbs, with_row_ids
 from stratarl.trainer.step_metrics import StepMetrics
 from stratarl.trainer.step_settings import StepSettings
@@ -116,7 +117,7 @@ class RLStep:
     monitor: PhaseMonitor
     tracer: StepTracer
     version_of: Callable[[int], int]  # step -> the policy version it trains
-    rollout: SingleTurn | AgentRollout = field(default_factory=SingleTurn)
+    rollout: SingleTurn | AgentRollout | GatewayRollout = field(default_factory=SingleTurn)
     correction: Callable[[DataProto], tuple[DataProto, dict[str, float]]] = field(
         default_factory=NoCorrection
     )
@@ -169,7 +170,10 @@ class RLStep:
             if s.group_filter is None or have >= target or 0 < s.group_filter.max_rounds <= rounds:
                 break
         batch = DataProto.concat([b for b in kept if len(b)]) if have else kept[0]
-        usable = target if have >= target else self.whole_mini_batches(have)
+        # without a filter, every row of the one round (an agent program's episode may give several)
+        usable = (
+            have if s.group_filter is None else target if have >= target else self.whole_mini_batches(have)
+        )
         if usable == 0:
             cap = s.group_filter.max_rounds if s.group_filter else 1
             raise RuntimeError(

@@ -1,0 +1,116 @@
+"""Captured calls become training rows without re-tokenizing: one row when every call extends the
+previous prompt + response (observations masked), one row per call otherwise; and a model that
+samples a non-canonical tokenization is trained on what it sampled, not on the re-tokenized text."""
+
+import asyncio
+
+from openai import AsyncOpenAI
+
+from stratarl.agent.gateway.capture import CallRecord, EpisodeCapture
+from stratarl.agent.gateway.episode_rows import episode_trajectories
+from stratarl.agent.gateway.server import Gateway
+from stratarl.rollout.interface import GenerationResult, SamplingParams
+
+
+def call(prompt, response, version=0):
+    return CallRecord(
+        tuple(prompt),
+        tuple(response),
+        tuple(-0.5 for _ in response),
+        (version,) * len(response),
+        version,
+        "stop",
+        0,
+        "text",
+    )
+
+
+def test_calls_that_extend_each_other_make_one_row_with_observations_masked():
+    capture = EpisodeCapture(
+        "ep", {"data_source": "d"}, calls=[call([1, 2], [3, 4]), call([1, 2, 3, 4, 9, 9], [5], 1)]
+    )
+    capture.reward = 0.75
+    rows = episode_trajectories(capture, max_response_tokens=16)
+    assert rows.merged and rows.split_reason is None and len(rows.trajectories) == 1
+    row = rows.trajectories[0]
+    assert row.prompt_ids == [1, 2]
+    assert row.response_ids == [3, 4, 9, 9, 5]
+    assert row.response_mask == [1, 1, 0, 0, 1]  # the tokens the next prompt added are observations
+    assert row.response_log_probs == [-0.5, -0.5, 0.0, 0.0, -0.5]
+    assert row.response_versions == [0, 0, -1, -1, 1]
+    assert row.reward == 0.75 and row.sample == {"data_source": "d"}
+
+
+def test_a_rewritten_history_or_an_overlong_merge_gives_one_row_per_call_sharing_the_reward():
+    rewritten = EpisodeCapture("ep", {}, calls=[call([1, 2], [3, 4]), call([1, 2, 7, 9], [5])])
+    rewritten.reward = 1.0
+    rows = episode_trajectories(rewritten, max_response_tokens=16)
+    assert not rows.merged and rows.split_reason == "not_a_prefix"
+    assert [(t.prompt_ids, t.response_ids, t.reward) for t in rows.trajectories] == [
+        ([1, 2], [3, 4], 1.0),
+        ([1, 2, 7, 9], [5], 1.0),
+    ]
+    chained = EpisodeCapture("ep", {}, calls=[call([1], [2, 3]), call([1, 2, 3, 4, 4, 4], [5, 6])])
+    over = episode_trajectories(chained, max_response_tokens=6)  # merged span 2 + 3 + 2 = 7 > 6
+    assert over.split_reason == "over_budget" and len(over.trajectories) == 2
+
+
+class FixedIdsEngine:
+    """Answers every request with the same sampled ids: a tokenization the tokenizer would not write."""
+
+    weight_version = 0
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def generate(self, requests):
+        return [
+            GenerationResult(
+                r.request_id,
+                r.prompt_ids,
+                tuple(self.ids),
+                tuple(-0.1 * (j + 1) for j in range(len(self.ids))),
+                "stop",
+                0,
+            )
+            for r in requests
+        ]
+
+
+def test_re_tokenizing_the_chat_would_drift_and_the_captured_ids_are_what_is_trained(renderer, tokenizer):
+    word = "calculator"
+    canonical = tokenizer.encode(word, add_special_tokens=False)
+    one_char_each = [tokenizer.convert_tokens_to_ids(c) for c in word]  # the same text, other ids
+    assert canonical != one_char_each and tokenizer.decode(one_char_each) == word
+    sampled = [*one_char_each, tokenizer.eos_token_id]
+
+    async def agent_twice(gateway):
+        base_url, capture = gateway.open_episode({})
+        client = AsyncOpenAI(base_url=base_url, api_key=gateway.api_key)
+        messages = [{"role": "user", "content": "Name a tool."}]
+        reply = await client.chat.completions.create(model="m", messages=messages)
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "Again."},
+        ]
+        await client.chat.completions.create(model="m", messages=messages)
+        return capture, messages
+
+    async def main():
+        sampling = SamplingParams(max_tokens=32)
+        async with Gateway(
+            FixedIdsEngine(sampled), renderer, sampling=sampling, max_prompt_tokens=256
+        ) as gateway:
+            return await agent_twice(gateway)
+
+    capture, messages = asyncio.run(main())
+    first, second = capture.calls
+    assert first.response_ids == tuple(sampled) and first.text == word
+    # what a trainer re-tokenizing the chat would train on: the canonical ids, which were never sampled
+    retokenized = renderer.prompt_ids(messages)
+    assert retokenized[: len(first.sequence)] != list(first.sequence)
+    assert second.prompt_ids == tuple(renderer.prompt_ids(messages))  # the gateway's second prompt
+    rows = episode_trajectories(capture, max_response_tokens=64)
+    assert rows.split_reason == "not_a_prefix"  # so the calls are trained one row each ...
+    assert rows.trajectories[0].response_ids == sampled  # ... on the ids sampled, with their log-probs
+    assert rows.trajectories[0].response_log_probs == list(first.log_probs)
