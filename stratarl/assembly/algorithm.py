@@ -14,8 +14,8 @@ from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.kl_control import KLController, make_kl_controller
 from stratarl.config import RunConfig
 from stratarl.objective.actor_loss import ActorLoss
-from stratarl.objective.distillation_term import DistillationTerm
 from stratarl.objective.critic_loss import ValueLoss
+from stratarl.objective.distillation_term import DistillationTerm
 from stratarl.rollout.interface import SamplingParams
 
 

@@ -23,7 +23,9 @@ DL = "distillation.distillation_loss"  # verl's prefix of the loss settings
 class DistillationConfig:
     """The teacher and the distillation term of the actor's loss."""
 
-    enabled: bool = setting(False, "distil a frozen teacher into the policy on its own samples", verl=f"{D}.enabled")
+    enabled: bool = setting(
+        False, "distil a frozen teacher into the policy on its own samples", verl=f"{D}.enabled"
+    )
     teacher_model_path: str = setting(
         "",
         "directory of the teacher model; it scores the student's token ids, so its vocabulary must be "
@@ -50,7 +52,9 @@ class DistillationConfig:
         1.0, "weight of the distillation loss beside the task loss", verl=f"{DL}.distillation_loss_coef"
     )
     loss_max_clamp: float | None = setting(
-        None, "per-token loss clamped to [−c, c] before aggregation; null: no clamp", verl=f"{DL}.loss_max_clamp"
+        None,
+        "per-token loss clamped to [−c, c] before aggregation; null: no clamp",
+        verl=f"{DL}.loss_max_clamp",
     )
     clip_ratio_low: float = setting(
         0.2, "ε_low of the policy-gradient form's PPO clip", verl=f"{DL}.clip_ratio_low"
@@ -100,7 +104,9 @@ def distillation_problems(
         message = "the teacher phase runs in the synchronous trainer only so far"
         problems.append(ConfigProblem((f"{D}.enabled", "trainer.mode"), message))
     if not d.teacher_model_path:
-        problems.append(ConfigProblem((f"{D}.teacher_model_path",), "distillation needs a teacher model directory"))
+        problems.append(
+            ConfigProblem((f"{D}.teacher_model_path",), "distillation needs a teacher model directory")
+        )
     elif check_paths:
         problems += _vocabulary_problems(d.teacher_model_path, model_path)
     return problems

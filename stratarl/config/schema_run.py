@@ -228,7 +228,9 @@ class RunConfig:
     actor: ActorConfig = section(ActorConfig, "the policy update")
     reference: ReferenceConfig = section(ReferenceConfig, "the frozen reference policy")
     critic: CriticConfig = section(CriticConfig, "the value model (PPO)")
-    distillation: DistillationConfig = section(DistillationConfig, "on-policy distillation from a frozen teacher")
+    distillation: DistillationConfig = section(
+        DistillationConfig, "on-policy distillation from a frozen teacher"
+    )
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages and reward shaping")
     reward: RewardConfig = section(RewardConfig, "scoring")
     trainer: TrainerConfig = section(TrainerConfig, "the training loop and its outputs")

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from stratarl.algo.distillation import distillation_loss, get_distillation_loss, sampled_token_abs_mean, with_task_loss
+from stratarl.algo.distillation import (
+    distillation_loss,
+    get_distillation_loss,
+    sampled_token_abs_mean,
+    with_task_loss,
+)
 from stratarl.transport.data_proto import DataProto
 
 
@@ -29,7 +34,9 @@ class DistillationTerm:
 
     def __post_init__(self) -> None:
         if get_distillation_loss(self.loss_mode).uses_top_k:
-            raise ValueError(f"distillation loss {self.loss_mode!r} needs the teacher's top-k, not built here")
+            raise ValueError(
+                f"distillation loss {self.loss_mode!r} needs the teacher's top-k, not built here"
+            )
 
     def combine(
         self,

@@ -62,7 +62,9 @@ def test_forward_kl_top_k_clamps_log_probs():
     # student log-prob −30 clamped to −10: .5·(ln .5 + 10) = 4.65343; unclamped .5·(ln .5 + 30)
     student = torch.tensor([[[-30.0]]], dtype=torch.float64)
     teacher = _log(0.5)
-    clamped = forward_kl_top_k(student_top_k_log_probs=student, teacher_top_k_log_probs=teacher, log_prob_min_clamp=-10)
+    clamped = forward_kl_top_k(
+        student_top_k_log_probs=student, teacher_top_k_log_probs=teacher, log_prob_min_clamp=-10
+    )
     free = forward_kl_top_k(student_top_k_log_probs=student, teacher_top_k_log_probs=teacher)
     torch.testing.assert_close(clamped, torch.tensor([[0.5 * (math.log(0.5) + 10)]]), rtol=1e-6, atol=0)
     torch.testing.assert_close(free, torch.tensor([[0.5 * (math.log(0.5) + 30)]]), rtol=1e-6, atol=0)
@@ -153,7 +155,9 @@ def test_combination_with_the_task_loss():
 def test_abs_mean_and_an_empty_mask():
     assert sampled_token_abs_mean(torch.tensor([[-1.0, 3.0]]), torch.tensor([[1, 0]])).item() == 1.0
     zeros = torch.zeros(1, 2)
-    loss, metrics = distillation_loss(zeros, response_mask=torch.zeros(1, 2), log_prob=zeros, old_log_prob=zeros)
+    loss, metrics = distillation_loss(
+        zeros, response_mask=torch.zeros(1, 2), log_prob=zeros, old_log_prob=zeros
+    )
     assert loss.item() == 0.0 and metrics["loss_max"].item() == 0.0
 
 

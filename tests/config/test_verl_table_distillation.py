@@ -5,8 +5,8 @@ refusals (k1 backpropagated, forward_kl_topk) come back in verl's names."""
 import pytest
 
 from stratarl.config import ConfigError
-from stratarl.config.verl_args import read_verl_args
 from stratarl.config.loading import load_config_data
+from stratarl.config.verl_args import read_verl_args
 from stratarl.config.verl_translation import load_verl_config, translate
 
 DL = "distillation.distillation_loss"
@@ -46,7 +46,10 @@ def test_verls_defaults_are_ours_when_distillation_is_off():
 def test_top_k_knobs_have_no_effect_and_a_second_teacher_is_refused():
     translation = translate(read_verl_args([f"{DL}.topk=64", f"{DL}.log_prob_min_clamp=-5"]))
     recorded = {r["verl_key"]: r for r in translation.records}
-    assert recorded[f"{DL}.topk"]["class"] == "no effect" and "forward_kl_topk" in recorded[f"{DL}.topk"]["reason"]
+    assert (
+        recorded[f"{DL}.topk"]["class"] == "no effect"
+        and "forward_kl_topk" in recorded[f"{DL}.topk"]["reason"]
+    )
     with pytest.raises(ConfigError) as err:
         ours("+distillation.teacher_models.teacher_model2.model_path=/m2")
     assert "several teachers" in str(err.value)

@@ -45,12 +45,22 @@ def sampled_inputs(seed: int, dtype: torch.dtype) -> dict:
     teacher[0, 0], student[2, 1] = student[0, 0] - 25.0, teacher[2, 1] - 25.0
     old = nearby_log_probs(gen, student, 0.1)
     prompts = torch.randint(1, 6, (N,), generator=gen).tolist()
-    return {"student": student, "teacher": teacher, "old": old, "mask": response_mask(gen, N), "prompts": prompts}
+    return {
+        "student": student,
+        "teacher": teacher,
+        "old": old,
+        "mask": response_mask(gen, N),
+        "prompts": prompts,
+    }
 
 
 def _verl_distillation_loss(vd, x, mode, *, use_pg, clamp, agg, norm):
     loss_config = vd.DistillationLossConfig(
-        loss_mode=mode, use_policy_gradient=use_pg, loss_max_clamp=clamp, clip_ratio_low=0.2, clip_ratio_high=0.28
+        loss_mode=mode,
+        use_policy_gradient=use_pg,
+        loss_max_clamp=clamp,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
     )
     config = vd.DistillationConfig(enabled=False, distillation_loss=loss_config)
     actor = actor_config(vd, loss_agg_mode=agg, loss_scale_factor=norm["loss_scale_factor"])
@@ -116,12 +126,24 @@ def test_sampled_token_losses_match_verl(vd, mode, use_pg, clamp, dtype):
     check("distillation/loss", ours, theirs, what=what)
     check("distillation/grad", our_grad, their_grad, what=what)
     for name in ("loss_min", "loss_max"):
-        check("distillation/metrics", our_metrics[name], _value(their_metrics[f"distillation/{name}"]), what=name)
+        check(
+            "distillation/metrics",
+            our_metrics[name],
+            _value(their_metrics[f"distillation/{name}"]),
+            what=name,
+        )
     mask = x["mask"].bool()
-    check("distillation/metrics", per_token[mask].abs().mean(), _value(their_metrics["distillation/abs_loss"]))
+    check(
+        "distillation/metrics", per_token[mask].abs().mean(), _value(their_metrics["distillation/abs_loss"])
+    )
     if use_pg:
         for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):
-            check("distillation/metrics", our_metrics[name], _value(their_metrics[f"distillation/{name}"]), what=name)
+            check(
+                "distillation/metrics",
+                our_metrics[name],
+                _value(their_metrics[f"distillation/{name}"]),
+                what=name,
+            )
 
 
 @pytest.mark.parametrize("agg", sorted(LOSS_AGGREGATIONS))
@@ -177,7 +199,9 @@ def test_forward_kl_top_k_matches_verl(vd, k, min_clamp, chunked):
     ours_leaf = logits.clone().requires_grad_(True)
     student = student_log_probs_at(ours_leaf, ids.unsqueeze(0))  # [1, L, K]
     loss = forward_kl_top_k(
-        student_top_k_log_probs=student, teacher_top_k_log_probs=teacher.unsqueeze(0), log_prob_min_clamp=min_clamp
+        student_top_k_log_probs=student,
+        teacher_top_k_log_probs=teacher.unsqueeze(0),
+        log_prob_min_clamp=min_clamp,
     )
     diag = top_k_diagnostics(
         student_top_k_log_probs=student.detach(),

@@ -68,6 +68,8 @@ def test_a_teacher_with_another_vocabulary_is_refused_naming_both_paths(tiny_tas
 
 
 def test_an_unknown_loss_mode_is_refused_naming_the_key(tiny_task, teacher, tmp_path, capsys):  # noqa: F811
-    assert main(["train", *distill_run(tiny_task, tmp_path, teacher, "distillation.loss_mode=reverse_kl")]) == 2
+    assert (
+        main(["train", *distill_run(tiny_task, tmp_path, teacher, "distillation.loss_mode=reverse_kl")]) == 2
+    )
     err = capsys.readouterr().err
     assert "distillation.loss_mode" in err and "'k3'" in err and "Traceback" not in err

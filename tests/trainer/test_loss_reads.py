@@ -41,7 +41,11 @@ ACTOR_SETTINGS = [
     ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.1"],
     ["actor.entropy_coeff=0.01"],
     ["distillation.enabled=true", "distillation.teacher_model_path=teacher"],
-    ["distillation.enabled=true", "distillation.teacher_model_path=teacher", "distillation.use_policy_gradient=true"],
+    [
+        "distillation.enabled=true",
+        "distillation.teacher_model_path=teacher",
+        "distillation.use_policy_gradient=true",
+    ],
     ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
 ]
 

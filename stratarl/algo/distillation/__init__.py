@@ -16,7 +16,12 @@ import torch
 from torch import Tensor
 
 from stratarl.algo.aggregation import Count, aggregate_loss
-from stratarl.algo.distillation.sampled_token import reverse_kl_abs, reverse_kl_k1, reverse_kl_k2, reverse_kl_k3
+from stratarl.algo.distillation.sampled_token import (
+    reverse_kl_abs,
+    reverse_kl_k1,
+    reverse_kl_k2,
+    reverse_kl_k3,
+)
 from stratarl.algo.distillation.top_k import forward_kl_top_k
 from stratarl.algo.policy_loss.ppo_clip import ppo_clip_loss
 from stratarl.algo.registry import look_up
