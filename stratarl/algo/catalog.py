@@ -63,3 +63,16 @@ KL_CONTROLLER_NAMES = ("fixed", "adaptive")
 
 # PF-PPO's weightings of a trajectory's score (`algo/policy_filtration.py`, verl's reweight_method).
 PF_PPO_REWEIGHT_METHODS = ("pow", "max_min", "max_random")
+
+# On-policy distillation losses (`algo/distillation/`, verl's distillation_loss.loss_mode): the name ->
+# (needs the teacher's top-k, teaches when backpropagated directly).
+DISTILLATION_LOSS_KINDS: dict[str, tuple[bool, bool]] = {
+    "k1": (False, False),
+    "kl": (False, False),
+    "abs": (False, True),
+    "k2": (False, True),
+    "mse": (False, True),
+    "k3": (False, True),
+    "low_var_kl": (False, True),
+    "forward_kl_topk": (True, True),
+}

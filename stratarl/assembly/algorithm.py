@@ -15,6 +15,7 @@ from stratarl.algo.kl_control import KLController, make_kl_controller
 from stratarl.config import RunConfig
 from stratarl.objective.actor_loss import ActorLoss
 from stratarl.objective.critic_loss import ValueLoss
+from stratarl.objective.distillation_term import DistillationTerm
 from stratarl.rollout.interface import SamplingParams
 
 
@@ -52,6 +53,23 @@ def build_actor_loss(cfg: RunConfig, *, old_log_prob_from_forward: bool = False)
         kl_loss_type=cfg.actor.kl_loss_type,
         clip_bounds=(cfg.actor.policy_loss.clip_ratio_low, cfg.actor.policy_loss.clip_ratio_high),
         old_log_prob_from_forward=old_log_prob_from_forward,
+        distillation=distillation_term(cfg),
+    )
+
+
+def distillation_term(cfg: RunConfig) -> DistillationTerm | None:
+    """distillation.*'s term of the actor's loss; None when distillation is off."""
+    d = cfg.distillation
+    if not d.enabled:
+        return None
+    return DistillationTerm(
+        loss_mode=d.loss_mode,
+        use_policy_gradient=d.use_policy_gradient,
+        use_task_rewards=d.use_task_rewards,
+        distillation_loss_coef=d.distillation_loss_coef,
+        loss_max_clamp=d.loss_max_clamp,
+        clip_ratio_low=d.clip_ratio_low,
+        clip_ratio_high=d.clip_ratio_high,
     )
 
 

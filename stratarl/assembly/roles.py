@@ -126,11 +126,22 @@ def policy_spec(
         )
         if cfg.uses_reference
         else None,
+        teacher=teacher_spec(cfg),
         lora=LoraSpec(lora.rank, lora.alpha, targets if isinstance(targets, str) else tuple(targets))
         if lora.rank > 0
         else None,
         precision=precision_spec(actor.fsdp, offload_optimizer=actor.fsdp.optimizer_offload),
     )
+
+
+def teacher_spec(cfg: RunConfig) -> ReferenceSpec | None:
+    """The distillation teacher (distillation.enabled): a frozen model of its own, scored with the
+    reference's machinery at its own micro-batch size and the reference's chunking and layout."""
+    d, r = cfg.distillation, cfg.reference
+    if not d.enabled:
+        return None
+    batching = BatchingSpec(d.trajectories_per_micro_batch, r.max_tokens_per_micro_batch, r.layout)
+    return ReferenceSpec(batching, r.logit_chunk_size, model_spec(cfg, d.teacher_model_path))
 
 
 def process_group_backend(cfg: RunConfig) -> str:

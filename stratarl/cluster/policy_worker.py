@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 
 from stratarl.cluster.rollout_set import generation_requests, results_proto
-from stratarl.cluster.specs import LoraSpec, PolicySpec, PrecisionSpec, ReferenceSpec
+from stratarl.cluster.specs import LoraSpec, ModelSpec, PolicySpec, PrecisionSpec, ReferenceSpec
 from stratarl.engine.actor import Actor, LossFn, Reference
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
 from stratarl.engine.data_parallel import DataParallel
@@ -103,10 +103,14 @@ class PolicyWorker:
             else None
         )
         frozen = reference_model(spec, model)
+        teacher_key = "distillation.teacher_model_path"
+        teacher = None if spec.teacher is None else frozen_model(spec.teacher.model, model, teacher_key)
         if spec.lora is not None:  # only the adapters train
             model = apply_lora(model, **_lora_arguments(spec.lora))
         self.actor = build_actor(model, spec, dp)
-        self.reference = None if spec.reference is None else build_reference(frozen, self.actor, spec, dp)
+        r, t = spec.reference, spec.teacher
+        self.reference = None if r is None else build_reference(frozen, self.actor, r, dp)
+        self.teacher = None if t is None else build_reference(teacher, self.actor, t, dp)
         self._base_synced = False  # LoRA: the engine holds the base weights after the first sync
         # The colocated hand-off applies where generation and training share a GPU's memory.
         on_gpu = self.actor.device.type != "cpu"
@@ -207,6 +211,13 @@ class PolicyWorker:
         self.release_rollout_cache()
         return DataProto.from_dict({"ref_log_prob": self.reference.compute_log_prob(batch)})
 
+    def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
+        """log π_teacher of every response token (distillation), scored like the reference's."""
+        if self.teacher is None:
+            raise RuntimeError("this worker was built without a teacher model (PolicySpec.teacher=None)")
+        self.release_rollout_cache()
+        return DataProto.from_dict({"teacher_log_prob": self.teacher.compute_log_prob(batch)})
+
     def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """One actor update, inside the hand-off: the rollout's KV cache released first, the optimizer
         state brought back from CPU memory for the update and sent there again after it."""
@@ -290,23 +301,28 @@ def reference_model(spec: PolicySpec, start):
         return None
     if r.model is None:
         return copy.deepcopy(start) if spec.lora is None else None
-    frozen = load_causal_lm(r.model)
+    return frozen_model(r.model, start, "reference.model_path")
+
+
+def frozen_model(model: ModelSpec, start, key: str):
+    """The model of a frozen scorer (`key` names its setting), refused unless its vocabulary is the
+    actor's: it scores the actor's token ids."""
+    frozen = load_causal_lm(model)
     ours, theirs = (
         start.get_output_embeddings().weight.shape[0],
         frozen.get_output_embeddings().weight.shape[0],
     )
     if ours != theirs:
         raise ValueError(
-            f"reference.model_path={r.model.path}: its vocabulary has {theirs} entries, the actor's "
-            f"{ours}; the reference scores the actor's token ids, so both need the same tokenizer"
+            f"{key}={model.path}: its vocabulary has {theirs} entries, the actor's "
+            f"{ours}; it scores the actor's token ids, so both need the same tokenizer"
         )
     return frozen
 
 
-def build_reference(frozen, actor: Actor, spec: PolicySpec, dp: DataParallel) -> Reference:
-    """`frozen` (`reference_model`) as the reference, or under LoRA without a reference model of its
-    own the base under the actor's adapter (no copy)."""
-    r: ReferenceSpec = spec.reference
+def build_reference(frozen, actor: Actor, r: ReferenceSpec, dp: DataParallel) -> Reference:
+    """`frozen` (`reference_model`, `frozen_model`) as a frozen scorer (the reference or a teacher), or
+    under LoRA without a reference model of its own the base under the actor's adapter (no copy)."""
     batching = dict(
         micro_batch_size=r.batching.micro_batch_size,
         max_tokens_per_micro_batch=r.batching.max_tokens_per_micro_batch,

@@ -77,9 +77,10 @@ class ActorSpec:
 
 @dataclass(frozen=True)
 class ReferenceSpec:
-    """The frozen reference policy: its scoring settings, and its model (None: a frozen copy of the
-    actor's start; under LoRA the actor's own model with the adapter off, which scores through the
-    actor's module, so the actor's logit_chunk_size holds)."""
+    """A frozen policy that scores the actor's tokens — the reference, or a distillation teacher: its
+    scoring settings, and its model (None: a frozen copy of the actor's start; under LoRA the actor's
+    own model with the adapter off, which scores through the actor's module, so the actor's
+    logit_chunk_size holds). A teacher always has a model of its own."""
 
     batching: BatchingSpec
     logit_chunk_size: int | None = LOGIT_CHUNK_SIZE
@@ -89,7 +90,8 @@ class ReferenceSpec:
 @dataclass(frozen=True)
 class PolicySpec:
     """What builds a `PolicyWorker`: the model, the actor, the engine that serves it for generation,
-    and optionally a reference (None: no KL term needs one) and LoRA adapters (None: full training).
+    and optionally a reference (None: no KL term needs one), a distillation teacher and LoRA adapters
+    (None: full training).
     The actor and the reference share `precision` (they live in one process and one group)."""
 
     model: ModelSpec
@@ -98,6 +100,7 @@ class PolicySpec:
     actor: ActorSpec
     rollout: RolloutEngineSpec = field(default_factory=RolloutEngineSpec)
     reference: ReferenceSpec | None = None
+    teacher: ReferenceSpec | None = None  # distillation.teacher_model_path: scores teacher_log_prob
     lora: LoraSpec | None = None
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)
 

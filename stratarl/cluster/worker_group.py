@@ -184,6 +184,11 @@ class PolicyWorkerGroup(RankGroup):
             self.ranks, "reference.log_prob", PolicyWorker.compute_ref_log_prob, batch, SCORING_COLUMNS
         )
 
+    def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
+        return self.path.score(
+            self.ranks, "teacher.log_prob", PolicyWorker.compute_teacher_log_prob, batch, SCORING_COLUMNS
+        )
+
     def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """Each rank updates on its share of every global mini-batch; rank 0's metrics (`_update_ranks`)."""
         return self._update_ranks("actor", PolicyWorker.update_actor, batch, loss_fn, request)

@@ -11,6 +11,7 @@ from stratarl.config.schema_agent import AgentConfig
 from stratarl.config.schema_algorithm import AlgorithmConfig
 from stratarl.config.schema_async import TRAINER_MODES, AsyncTrainingConfig
 from stratarl.config.schema_data import DataConfig, ModelConfig, RewardConfig
+from stratarl.config.schema_distillation import DistillationConfig
 from stratarl.config.schema_observe import TraceConfig, WatchdogConfig
 from stratarl.config.schema_training import (
     LR_SCHEDULES,
@@ -227,6 +228,9 @@ class RunConfig:
     actor: ActorConfig = section(ActorConfig, "the policy update")
     reference: ReferenceConfig = section(ReferenceConfig, "the frozen reference policy")
     critic: CriticConfig = section(CriticConfig, "the value model (PPO)")
+    distillation: DistillationConfig = section(
+        DistillationConfig, "on-policy distillation from a frozen teacher"
+    )
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages and reward shaping")
     reward: RewardConfig = section(RewardConfig, "scoring")
     trainer: TrainerConfig = section(TrainerConfig, "the training loop and its outputs")

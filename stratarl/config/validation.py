@@ -22,6 +22,7 @@ from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems, gateway_problems
 from stratarl.config.schema_async import async_problems, async_warnings
 from stratarl.config.schema_data import reward_problems
+from stratarl.config.schema_distillation import distillation_problems
 from stratarl.config.schema_observe import observe_problems
 from stratarl.config.schema_run import RunConfig
 from stratarl.config.setting import get_by_key, leaf_settings, type_name, value_matches_type
@@ -127,6 +128,13 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
         *reward_problems(
             cfg.reward, max_response_tokens=cfg.rollout.max_response_tokens, backend=cfg.cluster.backend
         ),
+        *distillation_problems(
+            cfg.distillation,
+            model_path=cfg.model.path,
+            backend=cfg.cluster.backend,
+            trainer_mode=cfg.trainer.mode,
+            check_paths=check_paths,
+        ),
         *(_path_problems(cfg) if check_paths else []),
     ]
     if problems:
@@ -146,6 +154,7 @@ def registries() -> dict[str, tuple[str, Collection[str]]]:
         "algorithm.kl_penalty": ("KL estimator", catalog.KL_ESTIMATOR_NAMES),
         "algorithm.kl_ctrl.type": ("KL controller", catalog.KL_CONTROLLER_NAMES),
         "algorithm.pf_ppo.reweight_method": ("PF-PPO reweight method", catalog.PF_PPO_REWEIGHT_METHODS),
+        "distillation.loss_mode": ("distillation loss", catalog.DISTILLATION_LOSS_KINDS),
     }
 
 
@@ -335,6 +344,7 @@ def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
         "model.path": True,
         "reference.model_path": cfg.uses_reference,
         "critic.model_path": cfg.uses_critic,
+        "distillation.teacher_model_path": cfg.distillation.enabled,
         "reward.model.path": cfg.reward.model.enable,
     }
     for key, needed in models.items():

@@ -453,7 +453,6 @@ REFUSED = [
         "code is scored in our own bubblewrap sandbox, not a SandboxFusion server",
         "docs/rewards.md#the-sandbox",
     ),
-    Refused(("distillation.*",), "on-policy distillation from a teacher model is not built here", NOT_HERE),
     Refused(
         ("skip.*",),
         "dumping and replaying rollouts is not built here",

@@ -1,5 +1,6 @@
 """Layer 1, config: a verl command line as our RunConfig (`stratarl verl`). Every verl key is
-classified by the tables (`verl_table_policy`, `verl_table_run`, `verl_table_reward`): translated
+classified by the tables (`verl_table_policy`, `verl_table_run`, `verl_table_reward`,
+`verl_table_distillation`): translated
 keys set our settings (verl's defaults included, so where verl's default differs from ours the run
 uses verl's), no-effect keys are accepted, refused keys stop the run unless they hold verl's
 default. Torch-free.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stratarl.config import verl_table_policy, verl_table_reward, verl_table_run
+from stratarl.config import verl_table_distillation, verl_table_policy, verl_table_reward, verl_table_run
 from stratarl.config.errors import ConfigError, ConfigProblem
 from stratarl.config.loading import load_config_data
 from stratarl.config.schema_run import RunConfig
@@ -37,9 +38,18 @@ TRANSLATIONS: list[Translation] = [
     *verl_table_policy.TRANSLATIONS,
     *verl_table_run.TRANSLATIONS,
     *verl_table_reward.TRANSLATIONS,
+    *verl_table_distillation.TRANSLATIONS,
 ]
-NO_EFFECTS: list[NoEffect] = [*verl_table_policy.NO_EFFECT, *verl_table_run.NO_EFFECT]
-REFUSALS: list[Refused] = [*verl_table_policy.REFUSED, *verl_table_run.REFUSED]
+NO_EFFECTS: list[NoEffect] = [
+    *verl_table_policy.NO_EFFECT,
+    *verl_table_run.NO_EFFECT,
+    *verl_table_distillation.NO_EFFECT,
+]
+REFUSALS: list[Refused] = [
+    *verl_table_policy.REFUSED,
+    *verl_table_run.REFUSED,
+    *verl_table_distillation.REFUSED,
+]
 RECORD_FILE = "verl_translation.json"
 
 

@@ -1,10 +1,11 @@
 """RL math, composed: the actor's objective, composed from `algo/` for the engine.
 
-    L = agg(ℓ_pg) − c_H · agg(H) + c_KL · agg(KL(π ‖ π_ref))
+    L = agg(ℓ_pg) − c_H · agg(H) + c_KL · agg(KL(π ‖ π_ref))   (+ the distillation term)
 
 where ℓ_pg is the per-token policy loss named in config, agg the configured aggregation with the
 mini-batch totals as global normalisers (so the engine's micro-batch losses add up to the
-mini-batch loss), H the token entropy and KL a per-token estimator (`use_kl_loss`). The engine only
+mini-batch loss), H the token entropy and KL a per-token estimator (`use_kl_loss`); with
+distillation, `DistillationTerm` adds (or alone makes) the teacher's term. The engine only
 sees a callable; it never learns which algorithm it trains.
 """
 
@@ -20,6 +21,7 @@ from stratarl.algo.kl import kl_penalty
 from stratarl.algo.policy_loss import compute_policy_loss, get_policy_loss
 from stratarl.algo.rollout_correction import rollout_correction
 from stratarl.algo.row_statistics import ratio_statistics_per_row
+from stratarl.objective.distillation_term import DistillationTerm
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.fields import ROW_ID
 
@@ -47,6 +49,7 @@ class ActorLoss:
     # `row_statistics` hands it back per row (`log_prob`, `entropy`: [m, T]) as the batch's
     # old_log_probs / entropys.
     old_log_prob_from_forward: bool = False
+    distillation: DistillationTerm | None = None  # distillation.enabled: reads teacher_log_prob
 
     @classmethod
     def from_settings(cls, policy_loss: str, settings: dict[str, Any], **kwargs: Any) -> ActorLoss:
@@ -70,6 +73,7 @@ class ActorLoss:
         group sends a rank these and nothing else."""
         old = () if self.old_log_prob_from_forward else ("old_log_probs",)
         columns = ("response_mask", *old, "advantages", "rollout_is_weights", ROW_ID)
+        columns += ("teacher_log_prob",) if self.distillation is not None else ()
         return columns + (("ref_log_prob",) if self.needs_reference else ())
 
     def old_log_prob(self, micro: DataProto, scores) -> Tensor:
@@ -147,4 +151,15 @@ class ActorLoss:
             kl = agg(kl_penalty(scores.log_prob, micro["ref_log_prob"], self.kl_loss_type))
             loss = loss + self.kl_loss_coef * kl
             metrics |= {"actor/kl_loss": kl.item(), "actor/kl_coef": self.kl_loss_coef * share}
+        if self.distillation is not None:
+            loss, distilled = self.distillation.combine(
+                loss,
+                micro,
+                log_prob=scores.log_prob,
+                old_log_prob=old_log_prob,
+                loss_agg_mode=self.loss_agg_mode,
+                normalizers=normalizers,
+                share=share,
+            )
+            metrics |= distilled
         return loss, metrics

@@ -31,6 +31,8 @@ PRODUCER_PATHS = {
     "trainer.pi_old)",
     "reference.log_prob": "trainer.phases.ref_log_prob → PolicyWorker.compute_ref_log_prob → "
     "engine.actor.Reference",
+    "teacher.log_prob": "trainer.phases.teacher_log_prob → PolicyWorker.compute_teacher_log_prob → "
+    "engine.actor.Reference (the teacher's model)",
     "critic.value": "trainer.phases.values → CriticWorker.compute_values → engine.critic",
     "advantage": "trainer.phases.advantage → algo.advantages (the configured estimator), algo.kl_control",
     "actor.update": "trainer.phases.update_actor → PolicyWorker.update_actor → "

@@ -157,6 +157,16 @@ def ref_log_prob(worker: PolicyHandle, batch: DataProto) -> DataProto:
     return batch
 
 
+def teacher_log_prob(worker: PolicyHandle, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+    """log π_teacher of every response token under the frozen distillation teacher, and its mean
+    over the response tokens (`distillation/teacher_log_prob_mean`)."""
+    batch = batch.union(worker.compute_teacher_log_prob(batch))
+    validate(batch, writes=["teacher_log_prob"], phase="teacher.log_prob")
+    mask = batch["response_mask"].bool()
+    mean = batch["teacher_log_prob"][mask].mean().item() if mask.any() else 0.0
+    return batch, {"distillation/teacher_log_prob_mean": mean}
+
+
 def values(critic: CriticHandle, batch: DataProto) -> DataProto:
     """V(s_t) of every response token under the critic, before its update (`values`)."""
     validate(batch, reads=["input_ids", "attention_mask", "position_ids", "responses"], phase="critic.value")

@@ -222,7 +222,7 @@ class RLStep:
     def learn(
         self, batch: DataProto, step: int, timings: dict[str, float], metrics: StepMetrics
     ) -> DataProto:
-        """π_old, π_ref, V, the correction, advantages (+ PF-PPO's resampling), then the critic's
+        """π_old, π_ref, π_teacher, V, the correction, advantages (+ PF-PPO's resampling), then the critic's
         and the actor's updates; the batch with everything the phases wrote."""
         s, timed = self.settings, self.timer(step, timings)
         batch = self.pi_old.before_update(
@@ -231,6 +231,10 @@ class RLStep:
         if s.uses_reference:  # a KL loss or KL in the reward
             with timed("ref", batch):
                 batch = phases.ref_log_prob(self.worker, batch)
+        if s.uses_teacher:  # distillation: the teacher scores the student's own tokens
+            with timed("teacher", batch):
+                batch, scored = phases.teacher_log_prob(self.worker, batch)
+                metrics.add("teacher", scored)
         if self.critic is not None:
             with timed("values", batch):
                 batch = phases.values(self.critic, batch)

@@ -42,6 +42,7 @@ PHASES: tuple[str, ...] = (
     "reward",
     "actor.log_prob",
     "reference.log_prob",
+    "teacher.log_prob",
     "critic.value",
     "advantage",
     "critic.update",
@@ -53,7 +54,14 @@ PHASES: tuple[str, ...] = (
 # The column that keys an update's per-row statistics back to their trajectory (the trace's question 9).
 ROW_ID = "row_id"
 
-FORWARD_PHASES = ("actor.log_prob", "reference.log_prob", "critic.value", "critic.update", "actor.update")
+FORWARD_PHASES = (
+    "actor.log_prob",
+    "reference.log_prob",
+    "teacher.log_prob",
+    "critic.value",
+    "critic.update",
+    "actor.update",
+)
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ FIELDS: dict[str, FieldSpec] = dict(
         _spec("sample_index", "int64", "N", None, "expand", "trace",
               "index of this trajectory among the n samples of its prompt, 0..n-1"),
         _spec("queue_key", "object", "N", None, "rollout",
-              "actor.log_prob reference.log_prob critic.value critic.update actor.update",
+              "actor.log_prob reference.log_prob teacher.log_prob critic.value critic.update actor.update",
               "the row's key in the TransferQueue (cluster.backend=ray): workers read and write its "
               "fields there; absent in one process"),
         # ---- rollout: token-in/token-out trajectories -------------------------------------------
@@ -143,6 +151,8 @@ FIELDS: dict[str, FieldSpec] = dict(
               "Σ_v π_old(v)² of the actor's next-token distribution (optimal-token-baseline estimators)"),
         _spec("ref_log_prob", "float", "N T", _RESP, "reference.log_prob", "advantage actor.update metrics",
               "log π_ref(token) of the frozen reference policy (KL loss or KL-in-reward)"),
+        _spec("teacher_log_prob", "float", "N T", _RESP, "teacher.log_prob", "actor.update metrics",
+              "log π_teacher(token) of the frozen distillation teacher on the student's own tokens"),
         _spec("values", "float", "N T", _RESP, "critic.value", "advantage critic.update metrics",
               "V(s_t): the critic's value estimate at each response position, before the update"),
         # ---- RL math --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import sys
 from stratarl.algo import catalog
 from stratarl.algo.advantages import ADVANTAGE_ESTIMATORS
 from stratarl.algo.aggregation import LOSS_AGGREGATIONS
+from stratarl.algo.distillation import DISTILLATION_LOSSES
 from stratarl.algo.kl import KL_ESTIMATORS
 from stratarl.algo.kl_control import KL_CONTROLLERS
 from stratarl.algo.policy_filtration import PF_PPO_WEIGHTS
@@ -26,6 +27,11 @@ def test_aggregations_kl_estimators_and_controllers_match_their_registries():
     assert sorted(KL_ESTIMATORS) == sorted(catalog.KL_ESTIMATOR_NAMES)
     assert sorted(KL_CONTROLLERS) == sorted(catalog.KL_CONTROLLER_NAMES)
     assert list(PF_PPO_WEIGHTS) == list(catalog.PF_PPO_REWEIGHT_METHODS)
+
+
+def test_distillation_losses_and_what_they_need_match_the_registry():
+    kinds = {name: (d.uses_top_k, d.teaches_when_backpropagated) for name, d in DISTILLATION_LOSSES.items()}
+    assert kinds == catalog.DISTILLATION_LOSS_KINDS
 
 
 def test_the_catalog_imports_no_torch():

@@ -128,9 +128,9 @@ def test_every_setting_that_names_a_path_is_saved_absolute(tmp_path, monkeypatch
     assert path_keys() == [
         "data.train_files", "data.val_files", "model.path", "model.tokenizer_path",
         "agent.tool_config_path", "agent.interaction_config_path", "agent.gateway.agent_function_path",
-        "reference.model_path",
-        "critic.model_path", "reward.custom_function_path", "reward.model.path",
-        "reward.model.tokenizer_path", "trainer.resume_from_path",
+        "reference.model_path", "critic.model_path", "distillation.teacher_model_path",
+        "reward.custom_function_path", "reward.model.path", "reward.model.tokenizer_path",
+        "trainer.resume_from_path",
         "trainer.output_root", "trainer.run_dir", "sft.train_files",
     ]  # fmt: skip
     monkeypatch.chdir(tmp_path)

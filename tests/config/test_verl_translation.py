@@ -16,6 +16,7 @@ if verl_defaults_path() is None:
     pytest.skip("verl 0.9.1 is not installed (make setup installs it, --no-deps)", allow_module_level=True)
 
 A = "actor_rollout_ref.actor"
+DL = "distillation.distillation_loss"
 
 
 def ours(*overrides):
@@ -150,12 +151,12 @@ def test_pf_ppo_translates_to_our_settings():
 
 def test_a_refused_key_names_the_verl_key_the_reason_and_our_way():
     with pytest.raises(ConfigError) as err:
-        ours(f"{A}.strategy=megatron", "actor_rollout_ref.rollout.name=sglang", "distillation.enabled=true")
+        ours(f"{A}.strategy=megatron", "actor_rollout_ref.rollout.name=sglang", f"{DL}.policy_loss_mode=gspo")
     text = str(err.value)
     assert "3 problems" in text
     assert f"{A}.strategy: 'megatron' is refused here: Megatron-LM" in text and "Our way: FSDP2" in text
     assert "actor_rollout_ref.rollout.name: 'sglang' is refused here: SGLang" in text
-    assert "distillation.enabled: True is refused here" in text
+    assert f"{DL}.policy_loss_mode: 'gspo' is refused here" in text
 
 
 def test_refused_keys_at_verls_default_and_allowed_values_pass():

@@ -21,6 +21,7 @@ def full_micro() -> DataProto:
         "old_log_probs": -torch.rand(N, T, generator=g),
         "rollout_log_probs": -torch.rand(N, T, generator=g),
         "ref_log_prob": -torch.rand(N, T, generator=g),
+        "teacher_log_prob": -torch.rand(N, T, generator=g),
         "advantages": torch.randn(N, T, generator=g),
         "returns": torch.randn(N, T, generator=g),
         "values": torch.randn(N, T, generator=g),
@@ -39,6 +40,12 @@ ACTOR_SETTINGS = [
     ["actor.policy_loss.name=gspo"],
     ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.1"],
     ["actor.entropy_coeff=0.01"],
+    ["distillation.enabled=true", "distillation.teacher_model_path=teacher"],
+    [
+        "distillation.enabled=true",
+        "distillation.teacher_model_path=teacher",
+        "distillation.use_policy_gradient=true",
+    ],
     ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
 ]
 

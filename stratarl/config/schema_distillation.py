@@ -1,0 +1,133 @@
+"""Layer 1, config: on-policy distillation, `distillation.*` (verl 0.9.1's `distillation:` section).
+
+With `distillation.enabled` a frozen teacher scores every response token the student sampled
+(`teacher_log_prob`), and the actor adds a distillation loss (`stratarl.algo.distillation`) to its
+objective — or trains on it alone (use_task_rewards=false).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from stratarl.algo import catalog
+from stratarl.config.errors import ConfigProblem
+from stratarl.config.setting import setting
+
+D = "distillation"
+DL = "distillation.distillation_loss"  # verl's prefix of the loss settings
+
+
+@dataclass
+class DistillationConfig:
+    """The teacher and the distillation term of the actor's loss."""
+
+    enabled: bool = setting(
+        False, "distil a frozen teacher into the policy on its own samples", verl=f"{D}.enabled"
+    )
+    teacher_model_path: str = setting(
+        "",
+        "directory of the teacher model; it scores the student's token ids, so its vocabulary must be "
+        "the student's (model.path)",
+        verl=f"{D}.teacher_models.teacher_model.model_path",
+    )
+    loss_mode: str = setting(
+        "k3",
+        "distillation loss: k1/kl, abs, k2/mse, k3/low_var_kl estimate KL(π_θ‖π_teacher) on the sampled "
+        "token (docs/algorithms/distillation.md)",
+        verl=f"{DL}.loss_mode",
+    )
+    use_policy_gradient: bool = setting(
+        False,
+        "true: the per-token loss is a reward −ℓ_t in a PPO-clip loss; false: backpropagated directly",
+        verl=f"{DL}.use_policy_gradient",
+    )
+    use_task_rewards: bool = setting(
+        True,
+        "true: L = L_task + distillation_loss_coef · L_distill; false: L = L_distill alone",
+        verl=f"{DL}.use_task_rewards",
+    )
+    distillation_loss_coef: float = setting(
+        1.0, "weight of the distillation loss beside the task loss", verl=f"{DL}.distillation_loss_coef"
+    )
+    loss_max_clamp: float | None = setting(
+        None,
+        "per-token loss clamped to [−c, c] before aggregation; null: no clamp",
+        verl=f"{DL}.loss_max_clamp",
+    )
+    clip_ratio_low: float = setting(
+        0.2, "ε_low of the policy-gradient form's PPO clip", verl=f"{DL}.clip_ratio_low"
+    )
+    clip_ratio_high: float = setting(
+        0.2, "ε_high of the policy-gradient form's PPO clip", verl=f"{DL}.clip_ratio_high"
+    )
+    trajectories_per_micro_batch: int = setting(
+        16,
+        "trajectories per teacher forward pass when computing teacher_log_prob (its token budget, "
+        "layout and logit chunking are reference.*'s)",
+    )
+
+
+def distillation_problems(
+    d: DistillationConfig, *, model_path: str, backend: str, trainer_mode: str, check_paths: bool = True
+) -> list[ConfigProblem]:
+    """The problems of `distillation.*` (part of `validate_config`), each naming its keys."""
+    if not d.enabled:
+        return []
+    problems = []
+    kind = catalog.DISTILLATION_LOSS_KINDS.get(d.loss_mode)  # unknown names: `registries()`
+    if kind is not None and kind[0]:
+        message = (
+            f"loss_mode={d.loss_mode!r} is not built in the trainer yet (the teacher's top-k and the "
+            "student's log-probs at those ids in its update); use a sampled-token loss such as 'k3'"
+        )
+        problems.append(ConfigProblem((f"{D}.loss_mode",), message))
+    if kind is not None and not kind[1] and not d.use_policy_gradient:
+        message = (
+            f"loss_mode={d.loss_mode!r} backpropagated directly does not depend on the teacher "
+            "(∇k1 = ∇log π_θ); set use_policy_gradient=true or use 'k3'"
+        )
+        problems.append(ConfigProblem((f"{D}.loss_mode", f"{D}.use_policy_gradient"), message))
+    ranges = [
+        (d.distillation_loss_coef < 0, "distillation_loss_coef", "must be ≥ 0"),
+        (d.loss_max_clamp is not None and d.loss_max_clamp <= 0, "loss_max_clamp", "must be null or > 0"),
+        (not 0 <= d.clip_ratio_low < 1, "clip_ratio_low", "must be in [0, 1)"),
+        (d.clip_ratio_high < 0, "clip_ratio_high", "must be ≥ 0"),
+        (d.trajectories_per_micro_batch < 1, "trajectories_per_micro_batch", "must be ≥ 1"),
+    ]
+    problems += [ConfigProblem((f"{D}.{key}",), message) for bad, key, message in ranges if bad]
+    if backend != "in-process":
+        message = "the teacher runs in the in-process backend only so far (no Ray teacher pool yet)"
+        problems.append(ConfigProblem((f"{D}.enabled", "cluster.backend"), message))
+    if trainer_mode != "sync":
+        message = "the teacher phase runs in the synchronous trainer only so far"
+        problems.append(ConfigProblem((f"{D}.enabled", "trainer.mode"), message))
+    if not d.teacher_model_path:
+        problems.append(
+            ConfigProblem((f"{D}.teacher_model_path",), "distillation needs a teacher model directory")
+        )
+    elif check_paths:
+        problems += _vocabulary_problems(d.teacher_model_path, model_path)
+    return problems
+
+
+def _vocabulary_problems(teacher: str, student: str) -> list[ConfigProblem]:
+    """The teacher scores the student's token ids: both config.json must give the same vocab_size.
+    (Missing directories and files are reported by the model-directory checks.)"""
+    sizes = [_vocab_size(path) for path in (teacher, student)]
+    if None in sizes or sizes[0] == sizes[1]:
+        return []
+    message = (
+        f"the teacher {teacher} has a vocabulary of {sizes[0]} tokens, the student model.path={student} "
+        f"{sizes[1]}; the teacher scores the student's token ids, so both need the same tokenizer"
+    )
+    return [ConfigProblem((f"{D}.teacher_model_path", "model.path"), message)]
+
+
+def _vocab_size(path: str) -> int | None:
+    config = Path(path) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("vocab_size")
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,68 @@
+"""verl's `distillation.*` keys as ours: the teacher and the loss settings translate, the top-k and
+pool knobs are recorded as having no effect, a second teacher is refused, and our validation's
+refusals (k1 backpropagated, forward_kl_topk) come back in verl's names."""
+
+import pytest
+
+from stratarl.config import ConfigError
+from stratarl.config.loading import load_config_data
+from stratarl.config.verl_args import read_verl_args
+from stratarl.config.verl_translation import load_verl_config, translate
+
+DL = "distillation.distillation_loss"
+TEACHER = "distillation.teacher_models.teacher_model"
+
+
+def ours(*overrides):
+    """The RunConfig of a verl command line, unvalidated (no data files here)."""
+    return load_config_data(translate(read_verl_args(list(overrides))).settings)
+
+
+def test_the_teacher_and_the_loss_settings_translate():
+    cfg = ours(
+        "distillation.enabled=true",
+        f"{TEACHER}.model_path=/models/teacher",
+        f"{DL}.loss_mode=k1",
+        f"{DL}.use_policy_gradient=true",
+        f"{DL}.use_task_rewards=false",
+        f"{DL}.distillation_loss_coef=0.3",
+        f"{DL}.loss_max_clamp=5.0",
+        f"{DL}.clip_ratio=0.1",
+        f"{DL}.clip_ratio_high=0.3",
+        "trainer.n_gpus_per_node=1",
+        "distillation.nnodes=1",
+    )
+    d = cfg.distillation
+    assert (d.enabled, d.teacher_model_path, d.loss_mode) == (True, "/models/teacher", "k1")
+    assert (d.use_policy_gradient, d.use_task_rewards, d.distillation_loss_coef) == (True, False, 0.3)
+    assert (d.loss_max_clamp, d.clip_ratio_low, d.clip_ratio_high) == (5.0, 0.1, 0.3)
+
+
+def test_verls_defaults_are_ours_when_distillation_is_off():
+    d = ours().distillation
+    assert (d.enabled, d.loss_mode, d.use_policy_gradient, d.loss_max_clamp) == (False, "k3", False, None)
+
+
+def test_top_k_knobs_have_no_effect_and_a_second_teacher_is_refused():
+    translation = translate(read_verl_args([f"{DL}.topk=64", f"{DL}.log_prob_min_clamp=-5"]))
+    recorded = {r["verl_key"]: r for r in translation.records}
+    assert (
+        recorded[f"{DL}.topk"]["class"] == "no effect"
+        and "forward_kl_topk" in recorded[f"{DL}.topk"]["reason"]
+    )
+    with pytest.raises(ConfigError) as err:
+        ours("+distillation.teacher_models.teacher_model2.model_path=/m2")
+    assert "several teachers" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ([f"{DL}.loss_mode=k1", f"{DL}.use_policy_gradient=false"], "use_policy_gradient"),
+        ([f"{DL}.loss_mode=forward_kl_topk"], "not built in the trainer yet"),
+    ],
+)
+def test_our_validation_refuses_what_is_not_built(overrides, named):
+    with pytest.raises(ConfigError) as err:  # also: no data files; the distillation problem is named
+        load_verl_config(["distillation.enabled=true", f"{TEACHER}.model_path=/models/teacher", *overrides])
+    assert named in str(err.value) and f"{DL}.loss_mode (our distillation.loss_mode)" in str(err.value)
