@@ -4,7 +4,7 @@ directory's own records for `stratarl doctor`.
     run.lock     {"pid", "host", "since"} of the process writing the run, emptied when it lets go;
                  the writer holds a kernel lock (flock) on the directory for its life
                  (`run_directory/lock.py`): held = live; a holder named but not holding it died
-    run.json     status (running | finished | interrupted), steps done as of the newest checkpoint
+    run.json     status (running | finished | interrupted | failed, with the error), steps done as of the newest checkpoint
     checkpoints/global_step_N/   what a rerun with trainer.resume_mode=auto continues from
 
 Liveness comes from the directory's lock, not from how recently metrics.jsonl was written: a run killed
@@ -117,6 +117,8 @@ def run_status(view: RunView) -> str:
         how = f"dead (pid {view.lock['pid']}, named in run.lock, no longer holds the lock)"
     elif (view.record or {}).get("status") == "interrupted":
         how = f"interrupted after step {view.record.get('interrupted_after')}"
+    elif (view.record or {}).get("status") == "failed":
+        how = f"failed ({view.record.get('error')})"
     elif is_live(view):
         how = "live (written to in the last 2 minutes)"
     else:
