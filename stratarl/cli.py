@@ -2,9 +2,10 @@
 
 Subcommands import their layer lazily, so `stratarl --help` is instant and a subcommand pays only
 for what it uses. A mistake in the config or the inputs (a `ConfigError`, a refused run directory)
-prints one message and exits with code 2; an OSError (a full disk, a read-only directory) prints
-one line naming the file and the errno and exits with code 1; `--debug` shows the traceback
-instead. Ctrl-C prints one line and exits with code 130 (`train` and `sft` stop at a safe point: `trainer.interruption`).
+prints one message and exits with code 2; an OSError (a full disk, a read-only directory)
+prints one line naming the file and the errno and exits with code 1; `--debug` shows the
+traceback instead. Ctrl-C prints one line and exits with code 130 (`train` and `sft` stop at a
+safe point: `trainer.interruption`).
 """
 
 from __future__ import annotations

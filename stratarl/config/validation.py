@@ -16,8 +16,8 @@ from typing import Any
 from stratarl.algo import catalog
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
-from stratarl.config.number_bounds import number_problems
 from stratarl.config.model_dirs import model_dir_problems, tokenizer_dir_problems
+from stratarl.config.number_bounds import number_problems
 from stratarl.config.rollout_weights import weight_sharing_problems
 from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems

@@ -14,7 +14,7 @@ when a deadline passed.
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -195,14 +195,10 @@ class RLTrainer:
         """The error, for `stratarl doctor` (hang/error-*/; a watchdog timeout wrote its own report)
         and in run.json (status failed). Each as far as the disk allows: on a full or read-only one
         neither is written, and the error itself is what reaches the user."""
-        try:
+        with suppress(OSError):
             write_error_report(self.run_dir, error, self.monitor.failed_in)
-        except OSError:
-            pass
-        try:
+        with suppress(OSError):
             self.claim.record_failure(error, phase=self.monitor.failed_in)
-        except OSError:
-            pass
 
     def close(self) -> None:
         """Without training: stop every process the trainer started and release the run directory

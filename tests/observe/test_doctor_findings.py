@@ -488,7 +488,8 @@ def test_a_holder_named_in_run_lock_but_not_holding_the_lock_is_dead(tmp_path):
     """Was: liveness from the pid in run.lock; a reused pid (here: this process) read as live."""
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": "2026-12-03T10:00:00+0000"}
     run = write_run(tmp_path / "run", finished=False, lock=holder)
-    assert f"dead (pid {os.getpid()}, named in run.lock, no longer holds the lock)" in run_status(load_run(run))
+    status = run_status(load_run(run))
+    assert f"dead (pid {os.getpid()}, named in run.lock, no longer holds the lock)" in status
 
 
 def test_an_error_in_each_package_names_its_layer(tmp_path):

@@ -11,6 +11,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
+from stratarl.apps.quickstart import RECIPE
 from stratarl.cli import main
 from stratarl.config import ConfigError
 from stratarl.engine import checkpoint as engine_checkpoint
@@ -22,14 +23,14 @@ from stratarl.run_directory.lock import LOCK_FILE, RunDirectoryError, RunLock
 from stratarl.trainer.rl_trainer import RLTrainer
 from tests.run_directory.small_disk import small_tmpfs
 from tests.run_directory.test_run_directory import train_steps
-from stratarl.apps.quickstart import RECIPE
 from tests.trainer.test_rl_trainer import small_config as trainer_config
 
 
 def small_overrides(task):
-    return [f"data.train_files=[{task['train']}]", "data.val_files=[]", f"model.path={task['model']}", "data.prompts_per_step=4",
-            "rollout.n=4", "rollout.max_response_tokens=8", "actor.prompts_per_mini_batch=2",
-            "actor.trajectories_per_micro_batch=4", "trainer.test_freq=0", "trainer.val_before_train=false"]  # fmt: skip
+    return [f"data.train_files=[{task['train']}]", "data.val_files=[]", f"model.path={task['model']}",
+            "data.prompts_per_step=4", "rollout.n=4", "rollout.max_response_tokens=8",
+            "actor.prompts_per_mini_batch=2", "actor.trajectories_per_micro_batch=4",
+            "trainer.test_freq=0", "trainer.val_before_train=false"]  # fmt: skip
 
 
 def small_config(task, *extra):
@@ -70,17 +71,15 @@ def test_deleting_run_lock_admits_no_second_writer_and_the_doctor_still_sees_the
 
 
 def test_a_read_only_run_directory_is_refused_naming_the_file_and_errno():
-    with small_tmpfs("1m", read_only=True) as disk:
-        with pytest.raises(RunDirectoryError) as info:
-            RunLock(disk).acquire()
+    with small_tmpfs("1m", read_only=True) as disk, pytest.raises(RunDirectoryError) as info:
+        RunLock(disk).acquire()
     message = str(info.value)
     assert f"{disk / LOCK_FILE}: Read-only file system (errno {errno.EROFS}, EROFS)" in message
 
 
 def test_a_run_directory_that_cannot_be_made_is_refused_naming_it():
-    with small_tmpfs("1m", read_only=True) as disk:
-        with pytest.raises(RunDirectoryError) as info:
-            RunLock(disk / "project" / "run").acquire()
+    with small_tmpfs("1m", read_only=True) as disk, pytest.raises(RunDirectoryError) as info:
+        RunLock(disk / "project" / "run").acquire()
     assert f"cannot write the run directory: {disk / 'project' / 'run'}" in str(info.value)
     assert "EROFS" in str(info.value)
 

@@ -4,7 +4,8 @@ directory's own records for `stratarl doctor`.
     run.lock     {"pid", "host", "since"} of the process writing the run, emptied when it lets go;
                  the writer holds a kernel lock (flock) on the directory for its life
                  (`run_directory/lock.py`): held = live; a holder named but not holding it died
-    run.json     status (running | finished | interrupted | failed, with the error), steps done as of the newest checkpoint
+    run.json     status (running | finished | interrupted | failed, with the error), steps done
+                 as of the newest checkpoint
     checkpoints/global_step_N/   what a rerun with trainer.resume_mode=auto continues from
 
 Liveness comes from the directory's lock, not from how recently metrics.jsonl was written: a run killed
@@ -17,7 +18,6 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
 
 from stratarl.observe.doctor.view import COMPUTE, LIVE_WITHIN_S, Finding, RunView
 
