@@ -49,10 +49,11 @@ def refusal(tmp_path, text, *extra):
 @pytest.mark.parametrize(
     ("class_name", "expected"),
     [
-        ("stratarl.agent.tools.calculator.NoSuchTool", "tools[0]: module 'stratarl.agent.tools.calculator' has no "
-         "class 'NoSuchTool'"),
+        ("stratarl.agent.tools.calculator.NoSuchTool",
+         "tools[0]: module 'stratarl.agent.tools.calculator' has no class 'NoSuchTool'"),
         ("no_such_package.tools.Tool", "tools[0]: cannot import module 'no_such_package.tools'"),
-        ("my_tools.RaisingTool", "tools[0]: building my_tools.RaisingTool raised RuntimeError: needs an API key"),
+        ("my_tools.RaisingTool",
+         "tools[0]: building my_tools.RaisingTool raised RuntimeError: needs an API key"),
         ("my_tools.UnpicklableTool", "tool 'broken' (my_tools.UnpicklableTool) cannot be sent to the tool "
          "worker processes"),
     ],

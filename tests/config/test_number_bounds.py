@@ -35,7 +35,8 @@ def test_the_largest_seed_and_int32_pass():
 
 def test_the_cli_refuses_an_infinite_learning_rate_with_exit_2_and_no_traceback(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "stratarl", "train", str(RECIPE), "actor.lr=inf", f"trainer.run_dir={tmp_path}/r"],
+        [sys.executable, "-m", "stratarl", "train", str(RECIPE), "actor.lr=inf",
+         f"trainer.run_dir={tmp_path}/r"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
