@@ -2,13 +2,16 @@
 
 Subcommands import their layer lazily, so `stratarl --help` is instant and a subcommand pays only
 for what it uses. A mistake in the config or the inputs (a `ConfigError`, a refused run directory)
-prints one message and exits with code 2; `--debug` shows the traceback instead. Ctrl-C prints one
-line and exits with code 130 (`train` and `sft` stop at a safe point: `trainer.interruption`).
+prints one message and exits with code 2; an OSError (a full disk, a read-only directory)
+prints one line naming the file and the errno and exits with code 1; `--debug` shows the
+traceback instead. Ctrl-C prints one line and exits with code 130 (`train` and `sft` stop at a
+safe point: `trainer.interruption`).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import time
 from collections.abc import Sequence
@@ -423,12 +426,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # before a run's steps began, or a command that has none
         nothing = "; nothing of this start is saved" if args.command in ("train", "sft", "verl") else ""
         return _report(args, err, EXIT_INTERRUPTED, message=f"interrupted (Ctrl-C){nothing}")
-    except OSError as err:
-        from stratarl.engine.checkpoint import CheckpointWriteError
+    except OSError as err:  # a full disk, a read-only directory, a file gone: the file and the errno
+        return _report(args, err, EXIT_FAILED, message=_os_error_line(err))
 
-        if not isinstance(err, CheckpointWriteError):
-            raise
-        return _report(args, err, EXIT_FAILED)
+
+def _os_error_line(err: OSError) -> str:
+    """One line naming the file and the errno (a CheckpointWriteError's message already does)."""
+    from stratarl.engine.checkpoint import CheckpointWriteError
+
+    if isinstance(err, CheckpointWriteError) or not err.errno:
+        return str(err)
+    code = errno.errorcode.get(err.errno, str(err.errno))
+    where = f"{err.filename}: " if err.filename else ""
+    return f"{where}{err.strerror} (errno {err.errno}, {code})"
 
 
 def _report(args: argparse.Namespace, err: BaseException, code: int, *, message: str = "") -> int:

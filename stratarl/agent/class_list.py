@@ -52,7 +52,8 @@ def build_class_list(
     """{name: object} from the list `config[key]`: `build(cls, entry, where)` makes each object from
     its entry and the `base` subclass the entry names (`where`, e.g. "tools[2]", for its errors).
 
-    Every entry must be a dict holding the `required` keys; a name built twice is refused.
+    Every entry must be a dict holding the `required` keys; a name built twice is refused. Every
+    error names the entry (`where`), also one raised by the class's own constructor.
     """
     entries = config.get(key) if isinstance(config, dict) else None
     if not isinstance(entries, list):
@@ -62,10 +63,20 @@ def build_class_list(
         where = f"{key}[{i}]"
         if not isinstance(entry, dict) or any(field not in entry for field in required):
             raise ValueError(f"{where} needs {' and '.join(repr(field) for field in required)}")
-        cls = import_class(entry["class_name"])
+        try:
+            cls = import_class(entry["class_name"])
+        except (ImportError, AttributeError, ValueError) as err:
+            raise type(err)(f"{where}: {err}") from None
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise TypeError(f"{where}: {entry['class_name']} is not a stratarl {base.__name__} subclass")
-        item = build(cls, entry, where)
+        try:
+            item = build(cls, entry, where)
+        except Exception as err:  # the class's own __init__: whatever it raises, name the entry
+            if str(err).startswith(where):
+                raise
+            raise ValueError(
+                f"{where}: building {entry['class_name']} raised {type(err).__name__}: {err}"
+            ) from err
         if item.name in built:
             raise ValueError(f"{where}: duplicate name {item.name!r}")
         built[item.name] = item

@@ -3,15 +3,22 @@
 `validate_config` checks the settings themselves; these load what they point at and fail as one
 `ConfigError` naming the key, the file and the rows: a dataset that cannot be read, a custom reward
 file without the named function, rows whose `data_source` has no reward function (found here,
-not at the step that first samples such a row), SFT rows without a reference answer.
+not at the step that first samples such a row), SFT rows without a reference answer, fewer
+training rows than one step's prompts, a tool config whose tools cannot be built or sent to the
+tool worker processes.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import yaml
+
+from stratarl.agent.tools.base import Tool
+from stratarl.agent.tools.registry import load_tools
 from stratarl.assembly import datasets, scoring
 from stratarl.config import ConfigError, ConfigProblem, RunConfig
 from stratarl.data.prompt_dataset import PromptDataset
@@ -36,6 +43,61 @@ def load_split(cfg: RunConfig, key: str, tokenizer: Any) -> PromptDataset:
         )
     except (ValueError, OSError) as err:
         raise ConfigError([ConfigProblem((key,), str(err))]) from err
+
+
+def check_prompts_per_step(cfg: RunConfig, dataset: PromptDataset) -> None:
+    """One step samples data.prompts_per_step distinct training rows (without replacement): the
+    training files, as loaded, must hold at least that many."""
+    d = cfg.data
+    if len(dataset) >= d.prompts_per_step:
+        return
+    limited = f", data.max_train_prompts={d.max_train_prompts}" if d.max_train_prompts != -1 else ""
+    keys = ("data.prompts_per_step", "data.train_files") + (("data.max_train_prompts",) if limited else ())
+    raise ConfigError(
+        [
+            ConfigProblem(
+                keys,
+                f"one step needs data.prompts_per_step={d.prompts_per_step} prompts, and "
+                f"data.train_files ({', '.join(map(str, d.train_files))}) gives {len(dataset)} rows "
+                f"(as loaded{limited}): lower data.prompts_per_step or add rows",
+            )
+        ]
+    )
+
+
+def tools(cfg: RunConfig) -> dict[str, Tool]:
+    """The tools of agent.tool_config_path, each built, and picklable where they run in worker
+    processes (agent.tools_in_process=false); a file that cannot be read or parsed, an unknown module
+    or class, a constructor that raises or a tool that cannot be pickled is a ConfigError naming
+    the file and the tool."""
+    a = cfg.agent
+    path = a.tool_config_path
+    try:
+        built = load_tools(path)
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(
+            [ConfigProblem(("agent.tool_config_path",), f"cannot read {path}: {err}")]
+        ) from None
+    except (ValueError, TypeError, ImportError, AttributeError) as err:
+        raise ConfigError([ConfigProblem(("agent.tool_config_path",), f"{path}: {err}")]) from None
+    if a.tools_in_process:
+        return built
+    for name, tool in built.items():
+        try:
+            pickle.dumps(tool)
+        except Exception as err:  # pickling raises TypeError, AttributeError, PicklingError, ...
+            raise ConfigError(
+                [
+                    ConfigProblem(
+                        ("agent.tool_config_path", "agent.tools_in_process"),
+                        f"{path}: tool {name!r} ({type(tool).__module__}.{type(tool).__qualname__}) "
+                        f"cannot be sent to the tool worker processes ({type(err).__name__}: {err}): "
+                        "make it picklable, or run tools in the trainer's process "
+                        "(agent.tools_in_process=true)",
+                    )
+                ]
+            ) from None
+    return built
 
 
 def reward_function(cfg: RunConfig) -> Callable[..., Any]:

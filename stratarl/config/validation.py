@@ -17,6 +17,7 @@ from stratarl.algo import catalog
 from stratarl.config.batch_plan import batch_size_problems
 from stratarl.config.errors import ConfigError, ConfigProblem
 from stratarl.config.model_dirs import model_dir_problems, tokenizer_dir_problems
+from stratarl.config.number_bounds import number_problems
 from stratarl.config.rollout_weights import weight_sharing_problems
 from stratarl.config.runtime_checks import runtime_problems
 from stratarl.config.schema_agent import agent_problems, gateway_problems
@@ -103,7 +104,7 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
     check_paths=False skips the existence of data files and model directories, for callers that
     create them after validating (the quickstart)."""
     # A config built in Python skips OmegaConf's type checks; the checks below assume the types hold.
-    mistyped = _type_problems(cfg)
+    mistyped = _type_problems(cfg) or number_problems(cfg)  # infinities and overflows confuse what follows
     if mistyped:
         raise ConfigError(mistyped)
     problems = [

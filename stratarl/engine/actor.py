@@ -39,6 +39,7 @@ from stratarl.engine.training import (
     block_class_names,
     enable_activation_checkpointing,
 )
+from stratarl.observe.run_log import naming_the_file
 from stratarl.transport.data_proto import DataProto
 
 __all__ = [
@@ -209,9 +210,10 @@ class Actor(TrainingEngine):
         state = self.export_weights()
         out_dir = Path(out_dir)
         if self.dp.rank == 0:
-            self.lm.save_pretrained(out_dir, state_dict=state)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(out_dir)
+            with naming_the_file(out_dir):  # a full disk: its OSError names no file
+                self.lm.save_pretrained(out_dir, state_dict=state)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(out_dir)
         self.dp.barrier()
         return out_dir
 

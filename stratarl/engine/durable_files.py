@@ -29,12 +29,30 @@ class CheckpointWriteError(OSError):
 
 
 def save_durably(obj: Any, path: Path) -> None:
-    """torch.save through a Python file, fsynced: a failed write raises OSError with its errno
-    (torch.save to a path reports a disk-full disk as `basic_ios::clear: iostream error`)."""
-    with path.open("wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """torch.save through a Python file, fsynced: a failed write raises OSError with its errno and
+    `path` (torch.save to a path reports a full disk as `basic_ios::clear: iostream error`; to a file
+    object it raises the OSError, then rewraps it as `RuntimeError: ... unexpected pos`)."""
+    try:
+        with path.open("wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except (RuntimeError, OSError) as err:
+        cause = _os_error_in(err)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from None
+
+
+def _os_error_in(err: BaseException) -> OSError | None:
+    """The first OSError in `err`'s chain (itself, what it was raised from or while handling)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 class Writes:

@@ -64,7 +64,7 @@ class RunLog:
     def log_metrics(self, step: int, metrics: Mapping[str, Any], phase: str = "train") -> None:
         record = {"step": step, "phase": phase, **{k: _jsonable(v) for k, v in metrics.items()}}
         self.history.append(record)
-        with self.metrics_path.open("a") as f:
+        with naming_the_file(self.metrics_path), self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         for sink in self.sinks:
             sink.log(step, metrics, phase)
@@ -86,7 +86,7 @@ class RunLog:
             raise errors[0]
 
     def log_trajectories(self, records: Iterable[Mapping[str, Any]]) -> None:
-        with self.trajectories_path.open("a") as f:
+        with naming_the_file(self.trajectories_path), self.trajectories_path.open("a") as f:
             for record in records:
                 f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
 
@@ -124,6 +124,18 @@ class RunLog:
             table, self.console.options.update_width(width), pad=False, new_lines=True
         )
         self.console.print(Segments([s for line in lines for s in line]), soft_wrap=True, crop=False, end="")
+
+
+@contextmanager
+def naming_the_file(path: Path) -> Iterator[None]:
+    """An OSError of a write to `path` names it (a full disk is reported at the flush on close, as
+    `[Errno 28] No space left on device` without a file name)."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

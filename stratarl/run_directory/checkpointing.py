@@ -86,6 +86,26 @@ def restore_trainer_state(point: ResumePoint, *, sampler, kl_ctrl, worker) -> Re
     return Restored(offset, batches, state["last_val"], message)
 
 
+def check_sampler(point: ResumePoint, sampler, *, train_files: list[str]) -> None:
+    """The checkpoint's sampler must describe this one (the same prompts, batches, seed, order), or
+    the resumed run would visit other prompts than the run it continues: refused, naming the files."""
+    saved = point.trainer_state["sampler"]
+    if saved["num_items"] != sampler.num_items:
+        raise RunDirectoryError(
+            f"cannot resume from {point.path}: its run drew prompts from {saved['num_items']} training "
+            f"rows, and data.train_files ({', '.join(map(str, train_files))}) now gives "
+            f"{sampler.num_items} (after data.max_train_prompts and the rows loading drops): the file "
+            "was rewritten, and resuming would visit other prompts. Restore the file, or start a "
+            "separate run (trainer.experiment_name=<new name>, or trainer.overwrite=true)"
+        )
+    for key in ("batch_size", "seed", "shuffle", "drop_last"):
+        if saved[key] != getattr(sampler, key):
+            raise RunDirectoryError(
+                f"cannot resume from {point.path}: its prompt sampler had {key}={saved[key]!r}, this "
+                f"config gives {getattr(sampler, key)!r}; resuming would visit other prompts"
+            )
+
+
 def should_save(step: int, total_steps: int, save_freq: int) -> bool:
     """Every `save_freq` steps and at the last step; never when save_freq ≤ 0."""
     return save_freq > 0 and (step % save_freq == 0 or step == total_steps)

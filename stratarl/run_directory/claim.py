@@ -1,9 +1,10 @@
 """Run directory, beside layer 2: what a start may do in its run directory, and the run's lineage.
 
-    run.lock     the process writing the run: pid and host, held with flock while it lives
-                 (`lock.RunLock`)
+    run.lock     names the process writing the run (pid, host); what it holds while it lives is
+                 a kernel lock on the directory itself (`lock.RunLock`)
     run.json     the lineage: its id, status (running | finished | interrupted: stopped by
-                 Ctrl-C at a safe point), steps done (as of the newest checkpoint or the end), and
+                 Ctrl-C at a safe point | failed: stopped by an exception, with the error), steps
+                 done (as of the newest checkpoint or the end), and
                  one entry per start ("legs"): when, where, the command, from which checkpoint,
                  which settings changed
     config.yaml  the resolved config of the newest accepted start (written only once accepted)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -72,6 +74,7 @@ class RunClaim:
     resume_from: str = ""  # a checkpoint directory (resume_mode=resume_path), else "" (the newest)
     changes: dict[str, Change] = field(default_factory=dict)  # accepted changes of settings
     abandoned: list[Path] = field(default_factory=list)  # newer checkpoints a resume_path leaves behind
+    cut_first_save: list[Path] = field(default_factory=list)  # what a run killed in its first save left
 
     @property
     def run_id(self) -> str:
@@ -92,6 +95,8 @@ class RunClaim:
                 f"moved to {aside}[/yellow]",
                 soft_wrap=True,
             )
+        if self.cut_first_save:
+            self._start_again(console)
         save_resolved_config(cfg, self.run_dir)
         leg = {
             "started": now(),
@@ -103,13 +108,26 @@ class RunClaim:
             "changes": {key: list(change) for key, change in self.changes.items()},
         }
         self.record["legs"].append(leg)
-        for key in ("interrupted", "interrupted_after"):  # of an earlier leg stopped by Ctrl-C
+        for key in ("interrupted", "interrupted_after", "failed", "error", "failed_in"):  # an earlier leg's
             self.record.pop(key, None)
         self.record |= {"status": "running", "steps_done": start_step}
         self._write_record()
         if self.changes:
             shown = "; ".join(f"{key}: {old} → {new}" for key, (old, new) in self.changes.items())
             console.print(f"[yellow]resumed with changed settings[/yellow] {shown}", soft_wrap=True)
+
+    def _start_again(self, console: Console) -> None:
+        """The run was killed while saving its first checkpoint: nothing of it can be continued, so
+        it starts again at step 0 in the same lineage; the partial save goes (the logs of the lost
+        steps are cut by the trainer, as a resume cuts them back to its checkpoint)."""
+        for path in self.cut_first_save:
+            shutil.rmtree(path, ignore_errors=True)
+        console.print(
+            f"[yellow]{self.run_dir} holds a run killed while saving its first checkpoint "
+            f"({', '.join(p.name for p in self.cut_first_save)}, incomplete): nothing to resume, so it "
+            "starts again at step 0[/yellow]",
+            soft_wrap=True,
+        )
 
     def check_lineage(self, checkpoint: Path, lineage: str | None) -> None:
         """A checkpoint this run resumes from must be its own (unless the run is a fork of another)."""
@@ -130,6 +148,13 @@ class RunClaim:
         """Stopped by Ctrl-C after `step` (steps_done stays the newest checkpoint's): a start with
         trainer.resume_mode=auto continues it from that checkpoint."""
         self.record |= {"status": "interrupted", "interrupted": now(), "interrupted_after": step}
+        self._write_record()
+
+    def record_failure(self, error: BaseException, *, phase: str | None) -> None:
+        """Stopped by an exception (steps_done stays the newest checkpoint's): its type, message and
+        phase; a start with trainer.resume_mode=auto continues from that checkpoint."""
+        message = f"{type(error).__name__}: {error}"
+        self.record |= {"status": "failed", "failed": now(), "error": message[:2000], "failed_in": phase}
         self._write_record()
 
     def record_finish(self, last_step: int) -> None:
@@ -190,11 +215,14 @@ def _continued_claim(
         step = int(source.name.removeprefix("global_step_"))
         claim.abandoned = [run_dir / CHECKPOINT_DIR / f"global_step_{s}" for s in steps if s > step]
     elif not steps:
-        why = (
-            f"holds a {status} run with no checkpoint to resume from (it ran with "
-            f"trainer.save_freq={_saved_setting(run_dir, 'save_freq')})"
-        )
-        raise RunDirectoryError(_refusal(run_dir, why, resume=False))
+        cut = _cut_first_save(run_dir, record)
+        if not cut:
+            why = (
+                f"holds a {status} run with no checkpoint to resume from (it ran with "
+                f"trainer.save_freq={_saved_setting(run_dir, 'save_freq')})"
+            )
+            raise RunDirectoryError(_refusal(run_dir, why, resume=False))
+        claim.resume, claim.cut_first_save = False, cut  # starts again at step 0 (`record_start`)
     last = record.get("steps_done", 0)
     finished = record.get("status") == "finished" and t.resume_mode == "auto"  # resume_path: a branch
     if finished and total_steps is not None and total_steps <= last:
@@ -215,6 +243,7 @@ def _status(record: dict[str, Any]) -> str:
         "running": "stopped (unfinished)",
         "new": "never started",
         "interrupted": "interrupted (Ctrl-C)",
+        "failed": "failed (an error stopped it)",
     }
     return states.get(record.get("status"), "finished")
 
@@ -287,6 +316,20 @@ def _checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(
         (int(n.removeprefix("global_step_")) for n in names if n.startswith("global_step_")), reverse=True
     )
+
+
+def _cut_first_save(run_dir: Path, record: dict[str, Any]) -> list[Path]:
+    """The partial saves of a run killed while saving its first checkpoint ([] when it was not):
+    no complete checkpoint, the run last recorded as running with no step saved, and nothing in
+    checkpoints/ but the temporary and staging directories of saves that never finished."""
+    root = run_dir / CHECKPOINT_DIR
+    if record.get("status") != "running" or record.get("steps_done", 0) != 0 or not root.is_dir():
+        return []
+    entries = list(root.iterdir())
+    partial = [
+        p for p in entries if p.is_dir() and p.name.startswith((".tmp-global_step_", ".staged-global_step_"))
+    ]
+    return partial if partial and len(partial) == len(entries) else []
 
 
 def _move_aside(lock: RunLock, console: Console) -> RunLock:

@@ -1,4 +1,5 @@
-"""Run directory, beside layer 2: `run.lock`, held by the one process that writes a run directory.
+"""Run directory, beside layer 2: the one process that writes a run directory holds a kernel lock
+(flock) on the directory itself; `run.lock` in it names the holder.
 
 `RunLock` is taken before anything loads; `claim.claim_run_directory` then decides, holding it, what
 the start may do in the directory. `RunDirectoryError` is how either refuses a start.
@@ -6,6 +7,7 @@ the start may do in the directory. `RunDirectoryError` is how either refuses a s
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -29,62 +31,123 @@ def now() -> str:
 
 
 class RunLock:
-    """`run.lock`: at most one process writes a run directory. The lock is an flock, which the
-    kernel drops when its holder dies, so the lock of a killed run is taken over safely; the file
-    names the holder (pid, host, since) for whoever is refused, and is emptied on release. A
-    record left by a process on another host is not taken over: this host cannot tell whether it
-    still runs."""
+    """At most one process writes a run directory. The lock is an flock on an open descriptor of the
+    directory itself, held for the run's life: the kernel drops it when its holder dies, so the lock
+    of a killed run is taken over safely, and deleting or replacing `run.lock` (a file that only
+    names the holder: pid, host, since; emptied on release) admits no second writer. A record left
+    by a process on another host is not taken over: this host cannot tell whether it still runs."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / LOCK_FILE
-        self._fd: int | None = None
+        self._dir_fd: int | None = None
         self.taken_over: dict[str, Any] | None = None  # the stale record replaced, if any
 
     def acquire(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        run_dir = self.path.parent
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise _unwritable(run_dir, err) from None
+        if not _try_flock(dir_fd, fcntl.LOCK_EX):
+            holder = read_holder(self.path)
+            os.close(dir_fd)
             raise RunDirectoryError(
-                f"{self.path.parent} is being written by {_describe(holder)} ({self.path}); a second "
-                "writer would interleave its steps with that run's. Wait for it to finish or stop it, "
-                "or start this one elsewhere (another trainer.experiment_name or trainer.run_dir)."
+                f"{run_dir} is being written by {_describe(holder)} (it holds the directory's lock; "
+                f"{self.path} names it); a second writer would interleave its steps with that run's. "
+                "Wait for it to finish or stop it, or start this one elsewhere (another "
+                "trainer.experiment_name or trainer.run_dir)."
             ) from None
-        previous = _read_holder(fd)
+        previous = read_holder(self.path)
         if previous and previous.get("host") != HOST:
-            os.close(fd)
+            os.close(dir_fd)
             raise RunDirectoryError(
                 f"{self.path} names {_describe(previous)}, on another host: it may still be running "
                 f"there, which cannot be checked from {HOST}. If it is not, delete {self.path}."
             )
         self.taken_over = previous or None
-        record = json.dumps({"pid": os.getpid(), "host": HOST, "since": now()})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record.encode(), 0)
-        os.fsync(fd)
-        self._fd = fd
+        self._dir_fd = dir_fd
+        try:
+            record = json.dumps({"pid": os.getpid(), "host": HOST, "since": now()})
+            _write_record(self.path, record)
+        except OSError as err:
+            self.release()
+            raise _unwritable(self.path, err) from None
+        except BaseException:
+            self.release()
+            raise
         return self
 
     def release(self) -> None:
-        if self._fd is None:
+        if self._dir_fd is None:
             return
-        fd, self._fd = self._fd, None
+        dir_fd, self._dir_fd = self._dir_fd, None
         try:
-            os.ftruncate(fd, 0)  # an empty lock file: nobody holds it
+            if self.path.is_file():
+                _write_record(self.path, "")  # an empty record: nobody holds it
+        except OSError:
+            pass  # a full disk or a read-only directory: the kernel lock below is what counts
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            fcntl.flock(dir_fd, fcntl.LOCK_UN)
+            os.close(dir_fd)
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._dir_fd is not None
 
 
-def _read_holder(fd: int) -> dict[str, Any]:
-    data = os.pread(fd, 4096, 0)
+def is_locked(run_dir: str | Path) -> bool | None:
+    """Whether a process holds `run_dir`'s lock now (a shared probe, released at once); None when
+    the directory cannot be opened."""
+    try:
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        if _try_flock(dir_fd, fcntl.LOCK_SH, tries=1):
+            fcntl.flock(dir_fd, fcntl.LOCK_UN)
+            return False
+        return True
+    finally:
+        os.close(dir_fd)
+
+
+def _unwritable(path: Path, err: OSError) -> RunDirectoryError:
+    return RunDirectoryError(
+        f"cannot write the run directory: {path}: {err.strerror} (errno {err.errno}, "
+        f"{errno.errorcode.get(err.errno, '?')}); a run needs its directory writable, with free space "
+        "(another trainer.run_dir or trainer.output_root)"
+    )
+
+
+def _try_flock(fd: int, mode: int, *, tries: int = 5) -> bool:
+    """flock without waiting; a few short retries ride out another process's probe (`is_locked`)."""
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < tries:
+                time.sleep(0.05)
+    return False
+
+
+def _write_record(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, text.encode(), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_holder(path: Path) -> dict[str, Any]:
+    """The holder `run.lock` names ({} when empty, absent or unreadable)."""
+    try:
+        data = path.read_bytes()[:4096]
+    except OSError:
+        return {}
     try:
         holder = json.loads(data) if data.strip() else {}
     except json.JSONDecodeError:

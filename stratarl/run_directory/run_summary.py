@@ -11,7 +11,7 @@ from typing import Any
 
 from stratarl.cluster.handles import CriticHandle, PolicyHandle
 from stratarl.observe.plots import plot_learning_curves, plot_run
-from stratarl.observe.run_log import RunLog, write_atomically
+from stratarl.observe.run_log import RunLog, naming_the_file, write_atomically
 
 # Written by `stratarl sft` beside the weights of final/: its summary (held-out accuracy before and
 # after, steps), read when `stratarl train` starts from that model.
@@ -65,8 +65,9 @@ def finish_run(
     """The end products of a finished run: final/ (HF weights and tokenizer), curves.png and plots/,
     and the run summary (printed, and summary.json)."""
     run_dir = log.run_dir
-    worker.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
+    with naming_the_file(run_dir / "final"):  # a full disk: its OSError names no file
+        worker.save_pretrained(run_dir / "final")
+        tokenizer.save_pretrained(run_dir / "final")
     curves = plot_learning_curves(log.history, run_dir / "curves.png")
     log.log_image("curves", curves, step=total_steps)
     plot_run(log.history, run_dir / "plots")

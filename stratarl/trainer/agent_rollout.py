@@ -31,8 +31,8 @@ from stratarl.agent.runner import AGENT_LOOPS, AgentLoopRunner
 from stratarl.agent.scoring import StreamingScorer, solution_text
 from stratarl.agent.tool_loop import LoopLimits
 from stratarl.agent.tools.base import Tool
-from stratarl.agent.tools.registry import load_tools
 from stratarl.agent.trajectory import Trajectory
+from stratarl.assembly import preflight
 from stratarl.cluster.handles import PolicyHandle
 from stratarl.config import ConfigError, RunConfig
 from stratarl.config.schema_agent import agent_problems
@@ -164,7 +164,7 @@ def build_agent_rollout(cfg: RunConfig, tokenizer: Any) -> AgentRollout | None:
         on_parse_error=a.on_parse_error,
         tool_format=a.tool_format,
     )
-    tools = load_tools(a.tool_config_path) if a.tool_config_path else {}
+    tools = preflight.tools(cfg) if a.tool_config_path else {}  # errors name the file and the tool
     if a.tools_in_process or not tools:
         tool_runner = ThreadToolRunner(timeout_s=a.tool_timeout_s)
     else:

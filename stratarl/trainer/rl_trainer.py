@@ -14,7 +14,7 @@ when a deadline passed.
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -80,6 +80,7 @@ class RLTrainer:
         )
         if cfg.agent.enable:  # each row's agent loop (agent_name) must exist
             agent_rollout.check_agent_names(self.train_set, self.val_set)
+        preflight.check_prompts_per_step(cfg, self.train_set)
         data_seed = d.seed if d.seed is not None else cfg.trainer.seed
         self.sampler = PromptSampler(
             len(self.train_set), batch_size=d.prompts_per_step, seed=data_seed, shuffle=d.shuffle
@@ -188,9 +189,18 @@ class RLTrainer:
                 run_watch.watch_workers(self.watchdog, self.run_dir, workers)
             try:
                 return self._fit()
-            except Exception as error:  # for `stratarl doctor` (a watchdog timeout wrote its own report)
-                write_error_report(self.run_dir, error, self.monitor.failed_in)
+            except Exception as error:
+                self._record_failure(error)
                 raise
+
+    def _record_failure(self, error: Exception) -> None:
+        """The error, for `stratarl doctor` (hang/error-*/; a watchdog timeout wrote its own report)
+        and in run.json (status failed). Each as far as the disk allows: on a full or read-only one
+        neither is written, and the error itself is what reaches the user."""
+        with suppress(OSError):
+            write_error_report(self.run_dir, error, self.monitor.failed_in)
+        with suppress(OSError):
+            self.claim.record_failure(error, phase=self.monitor.failed_in)
 
     def close(self) -> None:
         """Without training: stop every process the trainer started and release the run directory
@@ -382,6 +392,11 @@ class RLTrainer:
         trainer.resume_from_path); returns the step to continue after. The start is recorded
         (config.yaml, run.json) only once that succeeded."""
         point = checkpointing.accepted_resume_point(self.claim, self.checkpoints)
+        if point is not None:  # before the start is recorded: a refused resume changes nothing
+            checkpointing.check_sampler(point, self.sampler, train_files=self.cfg.data.train_files)
+        if self.claim.cut_first_save:  # starts again at step 0: the lost steps' records go
+            self.log.history = checkpointing.truncate_logs(self.run_dir, -1)
+            self.tracer.writer.truncate_after(0)
         self.claim.record_start(
             self.cfg, point.step if point else 0, point.path if point else None, self.log.console
         )

@@ -17,6 +17,7 @@ from stratarl.observe.doctor.collapse import repeated_share
 from stratarl.observe.doctor.diagnosis import diagnose, run_status
 from stratarl.observe.doctor.view import load_run
 from stratarl.observe.trace_store import StepTrace, TraceWriter
+from stratarl.run_directory.lock import RunLock
 
 STEPS, GROUPS, N = 10, 8, 4
 END, TOKENS = 2, {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<|pad|>": 3}
@@ -514,12 +515,26 @@ def test_a_run_whose_lock_holder_died_is_dead_at_once(tmp_path, checkpoint):
 
 
 def test_a_run_whose_lock_holder_lives_is_live(tmp_path):
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": "2026-12-03T10:00:00+0000"}
-    run = write_run(tmp_path / "run", finished=False, lock=holder)
+    run = write_run(tmp_path / "run", finished=False)
     old = 1_000_000_000  # metrics unwritten for years: a slow step, the holder still runs
     os.utime(run / "metrics.jsonl", (old, old))
-    assert f"live (pid {os.getpid()} holds run.lock)" in run_status(load_run(run))
-    assert "progress" not in findings(run)
+    lock = RunLock(run).acquire()
+    try:
+        assert f"live (pid {os.getpid()} holds the run directory's lock)" in run_status(load_run(run))
+        assert "progress" not in findings(run)
+        (run / "run.lock").unlink()  # the record gone: the kernel's lock still says who writes
+        assert "live (a process holds the run directory's lock)" in run_status(load_run(run))
+    finally:
+        lock.release()
+    assert "live" not in run_status(load_run(run))
+
+
+def test_a_holder_named_in_run_lock_but_not_holding_the_lock_is_dead(tmp_path):
+    """Was: liveness from the pid in run.lock; a reused pid (here: this process) read as live."""
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": "2026-12-03T10:00:00+0000"}
+    run = write_run(tmp_path / "run", finished=False, lock=holder)
+    status = run_status(load_run(run))
+    assert f"dead (pid {os.getpid()}, named in run.lock, no longer holds the lock)" in status
 
 
 def test_an_error_in_each_package_names_its_layer(tmp_path):

@@ -1,12 +1,14 @@
 """Cross-cutting: is the run alive, how far did it get, and what may a rerun do — read from the run
 directory's own records for `stratarl doctor`.
 
-    run.lock     {"pid", "host", "since"} of the process writing the run, emptied when it lets go
-                 (`run_directory/lock.py`); a holder whose pid is gone on this host died mid-run
-    run.json     status (running | finished | interrupted), steps done as of the newest checkpoint
+    run.lock     {"pid", "host", "since"} of the process writing the run, emptied when it lets go;
+                 the writer holds a kernel lock (flock) on the directory for its life
+                 (`run_directory/lock.py`): held = live; a holder named but not holding it died
+    run.json     status (running | finished | interrupted | failed, with the error), steps done
+                 as of the newest checkpoint
     checkpoints/global_step_N/   what a rerun with trainer.resume_mode=auto continues from
 
-Liveness comes from the lock holder, not from how recently metrics.jsonl was written: a run killed
+Liveness comes from the directory's lock, not from how recently metrics.jsonl was written: a run killed
 mid-step is named at once, and a slow step of a live run is not mistaken for a dead one. A holder on
 another host cannot be checked from here; then the age of metrics.jsonl is all there is.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
 
 from stratarl.observe.doctor.view import COMPUTE, LIVE_WITHIN_S, Finding, RunView
 
@@ -32,13 +33,20 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def holder_state(holder: dict[str, Any] | None) -> str:
-    """'none' (no lock file, or released), 'alive', 'dead' (its pid is gone on this host), or
-    'elsewhere' (written on another host: cannot be checked from here)."""
+def holder_state(view: RunView) -> str:
+    """'none' (nobody holds the lock nor is named), 'alive' (a process holds the directory's lock),
+    'dead' (run.lock names a holder on this host that no longer holds the lock), or 'elsewhere'
+    (named on another host: cannot be checked from here). Where the lock cannot be probed (the
+    directory cannot be opened), the named pid decides."""
+    holder = view.lock
+    if view.lock_held:
+        return "alive"
     if not holder or "pid" not in holder:
         return "none"
     if holder.get("host") != socket.gethostname():
         return "elsewhere"
+    if view.lock_held is False:
+        return "dead"
     try:
         os.kill(int(holder["pid"]), 0)
     except (ProcessLookupError, ValueError, TypeError):
@@ -48,15 +56,22 @@ def holder_state(holder: dict[str, Any] | None) -> str:
     return "alive"
 
 
+def _holder_name(view: RunView) -> str:
+    return f"pid {view.lock['pid']}" if view.lock and "pid" in view.lock else "a process"
+
+
 def is_finished(view: RunView) -> bool:
     return (view.run_dir / "final").is_dir() or (view.record or {}).get("status") == "finished"
 
 
 def is_live(view: RunView) -> bool:
-    """The lock holder runs (on this host); elsewhere or unknown: metrics.jsonl written recently."""
-    state = holder_state(view.lock)
+    """A process holds the run directory's lock; a holder on another host, or a directory whose lock
+    cannot be probed: metrics.jsonl written recently."""
+    state = holder_state(view)
     if state in ("alive", "dead"):
         return state == "alive"
+    if state == "none" and view.lock_held is False:
+        return False  # nobody holds the lock nor is named: no writer on this host
     return view.modified_s_ago is not None and view.modified_s_ago < LIVE_WITHIN_S and not is_finished(view)
 
 
@@ -93,15 +108,17 @@ def run_status(view: RunView) -> str:
     )
     if not steps and total:
         done += f" (total {total})"
-    state = holder_state(view.lock)
+    state = holder_state(view)
     if is_finished(view):
         how = "finished"
     elif state == "alive":
-        how = f"live (pid {view.lock['pid']} holds run.lock)"
+        how = f"live ({_holder_name(view)} holds the run directory's lock)"
     elif state == "dead":
-        how = f"dead (pid {view.lock['pid']}, which held run.lock, is gone)"
+        how = f"dead (pid {view.lock['pid']}, named in run.lock, no longer holds the lock)"
     elif (view.record or {}).get("status") == "interrupted":
         how = f"interrupted after step {view.record.get('interrupted_after')}"
+    elif (view.record or {}).get("status") == "failed":
+        how = f"failed ({view.record.get('error')})"
     elif is_live(view):
         how = "live (written to in the last 2 minutes)"
     else:
@@ -114,7 +131,7 @@ def check_progress(view: RunView, earlier: list[Finding]) -> list[Finding]:
     problem at once when its lock holder is gone, a warning when only the age of the metrics says so."""
     steps = [int(r["step"]) for r in view.train]
     total = view.setting("trainer.total_steps")
-    state = holder_state(view.lock)
+    state = holder_state(view)
     if is_finished(view) or is_live(view) or (view.record or {}).get("status") == "interrupted":
         return []
     if state != "dead" and (not steps or not total or max(steps) >= total):
@@ -127,7 +144,8 @@ def check_progress(view: RunView, earlier: list[Finding]) -> list[Finding]:
         holder = view.lock
         evidence.append(
             f"run.lock names pid {holder['pid']} on {holder.get('host')} (since {holder.get('since')}); "
-            "no such process: it died without releasing the lock (a clean stop empties run.lock)"
+            "it no longer holds the run directory's lock: it died without releasing it (a clean stop "
+            "empties run.lock)"
         )
     if view.record:
         evidence.append(

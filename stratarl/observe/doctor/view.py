@@ -7,7 +7,9 @@ own work): the layer whose code or setting a fix changes, not the one where the 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +70,7 @@ class RunView:
     hangs: list[dict[str, Any]]
     modified_s_ago: float | None
     lock: dict[str, Any] | None = None  # run.lock: the writer's pid, host, since ({} when released)
+    lock_held: bool | None = None  # a process holds the run directory's flock; None: not probed
     record: dict[str, Any] | None = None  # run.json: status, steps_done, legs
 
     @property
@@ -106,6 +109,24 @@ def read_json_file(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def directory_lock_held(run_dir: Path) -> bool | None:
+    """Whether a process holds the flock on the run directory that a writer takes for its life
+    (`run_directory/lock.py`): probed with a shared lock, let go at once. None: cannot be opened."""
+    try:
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(dir_fd)
+
+
 def load_run(run: str | Path) -> RunView:
     run_dir = resolve_run_dir(run)
     metrics = run_dir / "metrics.jsonl"
@@ -118,5 +139,6 @@ def load_run(run: str | Path) -> RunView:
         hangs=read_hang_reports(run_dir),
         modified_s_ago=modified,
         lock=read_json_file(run_dir / "run.lock"),
+        lock_held=directory_lock_held(run_dir),
         record=read_json_file(run_dir / "run.json"),
     )
