@@ -77,7 +77,9 @@ class StopRequest:
             line = self._on_second() if self._on_second is not None else "stopped at once (second Ctrl-C)"
         except Exception as error:  # the exit must happen whatever the record did
             line = f"stopped at once (second Ctrl-C); the run record could not be written: {error}"
-        _write(f"{_program()}: {line}\n")
+        # on a line of its own: the signal may land while the main thread has written half a line
+        # (a progress bar drawn with \r, a message in pieces)
+        _write(f"\n{_program()}: {line}\n")
         self.exit_process(EXIT_INTERRUPTED)
 
 

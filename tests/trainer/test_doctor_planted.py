@@ -6,16 +6,27 @@ synthetic run directories in tests/observe (every `make test`)."""
 
 import json
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from stratarl.apps.quickstart import RECIPE
 from stratarl.assembly import datasets
 from stratarl.config import load_config
 from stratarl.data.tokenizer_factory import train_tokenizer
+from stratarl.observe.doctor.diagnosis import diagnose
+from stratarl.observe.doctor.view import load_run
+from stratarl.trainer.rl_trainer import RLTrainer
 from tests.trainer.planted_runs import alarming, overrides, run
+from tests.trainer.test_agent_rollout import tool_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -115,6 +126,50 @@ def test_a_kl_coefficient_that_drowns_the_policy_loss_is_named(sft_task, tmp_pat
     found = by_key(run(sft_task, tmp_path / "run", "actor.use_kl_loss=true", "actor.kl_loss_coef=50"))
     problem = found["kl_dominates"]
     assert problem.layer == "config" and "actor.kl_loss_coef" in problem.next_step, list(found)
+
+
+def test_a_critic_that_does_not_learn_is_named(sft_task, tmp_path):
+    ppo = ["algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0", "critic.lr=0",
+           "critic.prompts_per_mini_batch=4", "critic.trajectories_per_micro_batch=16"]  # fmt: skip
+    found = by_key(run(sft_task, tmp_path / "run", *ppo))
+    problem = found["critic"]
+    assert problem.layer == "RL math" and "critic.lr" in problem.next_step, list(found)
+
+
+def test_a_tool_that_always_fails_is_named(sft_tool_task, tmp_path):
+    tools = yaml.safe_load(Path(sft_tool_task["tools"]).read_text())
+    tools["tools"][0]["class_name"] = "tests.trainer.failing_tools.UnreachableCalculator"
+    (tmp_path / "tools.yaml").write_text(yaml.safe_dump(tools))
+    cfg = tool_config({**sft_tool_task, "tools": tmp_path / "tools.yaml"}, "trainer.total_steps=4")
+    RLTrainer(cfg, tmp_path / "run").fit()
+    found = by_key(diagnose(load_run(tmp_path / "run")))
+    problem = found["tool_failures"]
+    assert problem.severity == "problem" and problem.layer == "compute & environment", list(found)
+    assert "agent.tool_config_path" in problem.next_step
+
+
+def test_a_run_killed_mid_step_is_dead_at_once_and_resume_advice_fits(sft_task, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "stratarl", "train", str(ROOT / "recipes" / "grpo_arithmetic.yaml"),
+               *overrides(sft_task, "trainer.total_steps=200", "trainer.save_freq=0",
+                          f"trainer.run_dir={run_dir}")]  # fmt: skip
+    trainer = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and '"step": 3' not in _text(run_dir / "metrics.jsonl"):
+            time.sleep(0.2)
+    finally:
+        trainer.kill()  # SIGKILL mid-run: no clean stop, no error report
+        trainer.wait()
+    found = by_key(diagnose(load_run(run_dir)))  # at once: the metrics are seconds old
+    problem = found["progress"]
+    assert problem.severity == "problem" and "is dead" in problem.title, list(found)
+    assert "no longer holds the run directory's lock" in " ".join(problem.evidence)
+    assert "there is no checkpoint to resume from (trainer.save_freq=0)" in problem.next_step
+
+
+def _text(path):
+    return path.read_text() if path.exists() else ""
 
 
 def test_a_healthy_async_run_gives_no_warning(sft_task, tmp_path):
