@@ -56,9 +56,17 @@ def check_teacher_against_reward(view: RunView, earlier: list[Finding]) -> list[
         f"in {agreement:.0%} of {len(pairs)} traced pairs of one prompt's responses with different rewards "
         f"the teacher gives the higher-reward one the higher mean log-prob (chance: 50%)",
         f"e.g. trajectory {low.get('trajectory_id')} (reward {low['reward']:.3g}) has teacher log-prob "
-        f"{low['teacher_log_prob_mean']:.3g}, {high.get('trajectory_id')} (reward {high['reward']:.3g}) "
-        f"{high['teacher_log_prob_mean']:.3g}",
+        f"{low['teacher_log_prob_mean']:.4g}, {high.get('trajectory_id')} (reward {high['reward']:.3g}) "
+        f"{high['teacher_log_prob_mean']:.4g}",
     ]
+    rows = view.trace_rows()
+    teacher = [r["teacher_log_prob_mean"] for r in rows if isinstance(r.get("teacher_log_prob_mean"), float)]
+    student = [r["old_log_prob_mean"] for r in rows if isinstance(r.get("old_log_prob_mean"), float)]
+    if teacher and student:  # a teacher far below the student on its own tokens may not know the task
+        evidence.append(
+            f"mean log-prob of the traced responses: teacher {_mean(teacher):.3g}, the student's own "
+            f"(π_old) {_mean(student):.3g}"
+        )
     coef = view.setting("distillation.distillation_loss_coef")
     losses = [v for _, v in view.series("distillation/loss")]
     if losses:
