@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from stratarl.algo.distillation import (
-    distillation_loss_per_row,
     distillation_loss,
+    distillation_loss_per_row,
     get_distillation_loss,
     sampled_token_abs_mean,
     with_task_loss,

@@ -247,7 +247,8 @@ def _distillation_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
     lines = [("teacher log-prob (mean)", _num(row.get("teacher_log_prob_mean")) + gap)]
     losses = row.get("distillation_losses")
     if row.get("distillation_loss_mean") is None or not losses:
-        return [*lines, ("distillation term", "— (not in an actor update: critic warm-up, or untraced update)")]
+        untrained = "— (not in an actor update: critic warm-up, or untraced update)"
+        return [*lines, ("distillation term", untrained)]
     actions = [t for kind, a, b in mask_spans(row) if kind == "action" for t in range(a, min(b, len(losses)))]
     worst = max(actions or range(len(losses)), key=lambda t: losses[t])
     teacher = list(row.get("teacher_log_probs") or [])

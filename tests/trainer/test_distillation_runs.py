@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
 import pytest
 
 from stratarl.cli import main
@@ -51,7 +50,12 @@ def test_grpo_with_distillation_trains_two_steps_and_logs_the_teacher(tiny_task,
         assert "actor/pg_loss" in m and "timing_s/teacher" in m
 
 
-def test_the_trace_holds_the_teacher_and_the_distillation_term_per_token(tiny_task, teacher, tmp_path, capsys):  # noqa: F811
+def test_the_trace_holds_the_teacher_and_the_distillation_term_per_token(
+    tiny_task,  # noqa: F811
+    teacher,
+    tmp_path,
+    capsys,
+):
     assert main(["train", *distill_run(tiny_task, tmp_path, teacher)]) == 0
     run_dir = tmp_path / "stratarl" / "distill_arithmetic"
     records = train_records(tmp_path)
@@ -69,7 +73,9 @@ def test_the_trace_holds_the_teacher_and_the_distillation_term_per_token(tiny_ta
                             rel_tol=1e-5)  # fmt: skip
         assert row["distillation_loss_mode"] == "k3"
     # the trace's per-token means average to the step's metric (token-weighted over all rows)
-    tokens = [t for row in rows for t, m in zip(row["teacher_log_probs"], _action_mask(row)) if m]
+    tokens = [
+        t for row in rows for t, m in zip(row["teacher_log_probs"], _action_mask(row), strict=True) if m
+    ]
     assert math.isclose(sum(tokens) / len(tokens), records[-1]["distillation/teacher_log_prob_mean"],
                         rel_tol=1e-4)  # fmt: skip
     capsys.readouterr()
@@ -93,18 +99,30 @@ def _action_mask(row):
     return mask
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "async"])
-def test_distillation_in_the_off_policy_modes(tiny_task, teacher, tmp_path, mode):  # noqa: F811
-    assert main(["train", *distill_run(tiny_task, tmp_path, teacher, f"trainer.mode={mode}")]) == 0
+PINNED_ASYNC = ["trainer.mode=async", "async_training.deterministic=true"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "pinned"),
+    [(["trainer.mode=one_step_off"], True), (PINNED_ASYNC, True),
+     (["trainer.mode=async", "async_training.partial_rollout=continue"], False)],
+    ids=["one_step_off", "async", "async-partial"],
+)  # fmt: skip
+def test_distillation_in_the_off_policy_modes(tiny_task, teacher, tmp_path, mode, pinned):  # noqa: F811
+    """one_step_off, and async pinned (deterministic: each batch from the oldest version the bound
+    allows), train step 2 on samples of staleness 1 whatever the threads' speeds; async with
+    partial_rollout=continue (which cannot be pinned) within max_staleness = 1."""
+    assert main(["train", *distill_run(tiny_task, tmp_path, teacher, *mode)]) == 0
     records = train_records(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     for m in records:
         assert m["distillation/teacher_log_prob_mean"] < 0
         assert math.isfinite(m["distillation/loss"]) and m["distillation/loss"] > 0
-    assert records[-1]["async/staleness_max"] >= 1  # step 2 trained samples of older weights
     run_dir = tmp_path / "stratarl" / "distill_arithmetic"
     rows = pq.read_table(run_dir / "traces" / "step_000002.parquet").to_pylist()
-    assert {row["staleness"] for row in rows} == {1}
+    staleness = {row["staleness"] for row in rows}
+    assert staleness == {1} if pinned else staleness <= {0, 1}
+    assert records[-1]["async/staleness_max"] == max(staleness)
     assert all(row["teacher_log_prob_mean"] < 0 and row["distillation_loss_mean"] >= 0 for row in rows)
 
 
