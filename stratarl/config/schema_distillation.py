@@ -70,9 +70,11 @@ class DistillationConfig:
 
 
 def distillation_problems(
-    d: DistillationConfig, *, model_path: str, backend: str, trainer_mode: str, check_paths: bool = True
+    d: DistillationConfig, *, model_path: str, backend: str, check_paths: bool = True
 ) -> list[ConfigProblem]:
-    """The problems of `distillation.*` (part of `validate_config`), each naming its keys."""
+    """The problems of `distillation.*` (part of `validate_config`), each naming its keys. Every
+    trainer.mode is accepted: the teacher phase runs in the training half of the step, on the
+    batch's tokens whatever weight version generated them."""
     if not d.enabled:
         return []
     problems = []
@@ -100,9 +102,6 @@ def distillation_problems(
     if backend != "in-process":
         message = "the teacher runs in the in-process backend only so far (no Ray teacher pool yet)"
         problems.append(ConfigProblem((f"{D}.enabled", "cluster.backend"), message))
-    if trainer_mode != "sync":
-        message = "the teacher phase runs in the synchronous trainer only so far"
-        problems.append(ConfigProblem((f"{D}.enabled", "trainer.mode"), message))
     if not d.teacher_model_path:
         problems.append(
             ConfigProblem((f"{D}.teacher_model_path",), "distillation needs a teacher model directory")

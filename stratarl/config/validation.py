@@ -133,7 +133,6 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
             cfg.distillation,
             model_path=cfg.model.path,
             backend=cfg.cluster.backend,
-            trainer_mode=cfg.trainer.mode,
             check_paths=check_paths,
         ),
         *(_path_problems(cfg) if check_paths else []),

@@ -96,6 +96,8 @@ class ActorLoss:
             clip_ratio_low=low,
             clip_ratio_high=high,
         )
+        if self.distillation is not None:
+            statistics |= self.distillation.row_statistics(micro, log_prob=scores.log_prob)
         if self.old_log_prob_from_forward:
             statistics["log_prob"] = old_log_prob
             if scores.entropy is not None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from stratarl.algo.distillation import (
     distillation_loss,
+    distillation_loss_per_row,
     get_distillation_loss,
     sampled_token_abs_mean,
     with_task_loss,
@@ -37,6 +39,16 @@ class DistillationTerm:
             raise ValueError(
                 f"distillation loss {self.loss_mode!r} needs the teacher's top-k, not built here"
             )
+
+    def row_statistics(self, micro: DataProto, *, log_prob: Tensor) -> dict[str, Tensor]:
+        """What the trace shows of the term, per row of this micro-batch's update forward:
+        `distillation_loss` [m, T] (ℓ_t, 0 outside the mask, before any clamp) and
+        `distillation_loss_mean` [m] (its mean over the action tokens; NaN without any)."""
+        with torch.no_grad():
+            per_token = get_distillation_loss(self.loss_mode).fn(
+                log_prob=log_prob.detach(), teacher_log_prob=micro["teacher_log_prob"]
+            )  # [m, T]
+            return distillation_loss_per_row(per_token, micro["response_mask"])
 
     def combine(
         self,

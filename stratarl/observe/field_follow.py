@@ -46,6 +46,7 @@ PRODUCER_PATHS = {
 SUMMARIES = {
     "old_log_probs": ("old_log_prob_mean", "mean over action tokens"),
     "ref_log_prob": ("ref_log_prob_mean", "mean over action tokens"),
+    "teacher_log_prob": ("teacher_log_prob_mean", "mean over action tokens"),
     "rollout_log_probs": ("rollout_log_prob_mean", "mean over action tokens"),
     "entropys": ("entropy_mean", "mean over action tokens"),
     "advantages": ("advantage_mean", "mean over action tokens"),

@@ -211,6 +211,7 @@ def _optimization_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
             + (f"  old − ref = {_num(row.get('old_ref_kl'))}" if row.get("old_ref_kl") is not None else ""),
         ),
         ("entropy (mean)", _num(row.get("entropy_mean"))),
+        *_distillation_lines(row),
     ]
     if row.get("new_log_prob_mean") is None:
         return [*lines, ("new log-prob", "— (not in an actor update: critic warm-up, or untraced update)")]
@@ -230,6 +231,36 @@ def _optimization_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
             "clipped share",
             f"{_num(row.get('clipped_share'))} of {row.get('update_tokens')} action tokens "
             f"(bounds 1−{low}, 1+{high})",
+        ),
+    ]
+
+
+def _distillation_lines(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """The teacher's log-prob of this trajectory and the distillation term ℓ_t the update's forward
+    computed from it (nothing without a teacher): means over the action tokens, and the token where
+    the teacher disagrees most."""
+    if row.get("teacher_log_prob_mean") is None:
+        return []
+    gap = ""
+    if row.get("old_log_prob_mean") is not None:
+        gap = f"  old − teacher = {_num(row['old_log_prob_mean'] - row['teacher_log_prob_mean'])}"
+    lines = [("teacher log-prob (mean)", _num(row.get("teacher_log_prob_mean")) + gap)]
+    losses = row.get("distillation_losses")
+    if row.get("distillation_loss_mean") is None or not losses:
+        untrained = "— (not in an actor update: critic warm-up, or untraced update)"
+        return [*lines, ("distillation term", untrained)]
+    actions = [t for kind, a, b in mask_spans(row) if kind == "action" for t in range(a, min(b, len(losses)))]
+    worst = max(actions or range(len(losses)), key=lambda t: losses[t])
+    teacher = list(row.get("teacher_log_probs") or [])
+    ids = list(row.get("response_ids") or [])
+    at = f"token {ids[worst]}" if worst < len(ids) else "a token"
+    teacher_there = f", teacher log-prob {_num(teacher[worst])}" if worst < len(teacher) else ""
+    return [
+        *lines,
+        (
+            f"distillation ℓ_t ({row.get('distillation_loss_mode')})",
+            f"mean {_num(row.get('distillation_loss_mean'))} over the action tokens (the update's forward, "
+            f"last pass); largest {_num(losses[worst])} at response position {worst} ({at}{teacher_there})",
         ),
     ]
 

@@ -267,8 +267,10 @@ def estimator_fields(statistics: Mapping[str, Any] | None, n: int) -> Columns:
 
 
 def log_prob_fields(batch: DataProto) -> Columns:
-    """Q9 (before the update): the means of old / ref / rollout log-probs and entropy over the action
-    tokens, |old − rollout| (the rollout/training mismatch), old − ref (a KL estimate), IS weights."""
+    """Q9 (before the update): the means of old / ref / rollout / teacher log-probs and entropy over
+    the action tokens, |old − rollout| (the rollout/training mismatch), old − ref (a KL estimate), IS
+    weights; with a distillation teacher, its log-prob of every response token too (`teacher_log_probs`,
+    one value per real response token, 0 on observations as the field holds)."""
     mask = batch["response_mask"]
     none = [None] * len(batch)
 
@@ -291,9 +293,20 @@ def log_prob_fields(batch: DataProto) -> Columns:
         if with_ref
         else none,
         "is_weight_mean": mean("rollout_is_weights"),
+        "teacher_log_prob_mean": mean("teacher_log_prob"),
+        "teacher_log_probs": per_token(batch, "teacher_log_prob"),
     }
 
 
+def per_token(batch: DataProto, name: str) -> list[list[float] | None]:
+    """Each row's values of [N, T] field `name` over its real response tokens (None without it)."""
+    if name not in batch:
+        return [None] * len(batch)
+    lengths = response_lengths(batch)
+    return [row[:length].tolist() for row, length in zip(batch[name].float(), lengths, strict=True)]
+
+
+DISTILLATION_MEAN = "distillation_loss_mean"  # the mean ℓ_t over a row's action tokens
 UPDATE_STATISTICS = (
     "new_log_prob_mean",
     "log_ratio_mean",
@@ -305,16 +318,27 @@ UPDATE_STATISTICS = (
 
 
 def update_fields(
-    ids: Sequence[str], row_stats: Mapping[str, Tensor], clip_bounds: tuple[float, float]
+    ids: Sequence[str],
+    row_stats: Mapping[str, Tensor],
+    clip_bounds: tuple[float, float],
+    response_tokens: Sequence[int],
 ) -> tuple[list[str], Columns]:
     """Q9 (the update's own forward), for the rows the engines report: `ids[row_id]` and the new
-    log-prob, log-ratio, ratio mean/min/max and clipped share of each, with the clip bounds used."""
+    log-prob, log-ratio, ratio mean/min/max and clipped share of each, with the clip bounds used;
+    with distillation, the per-token distillation loss ℓ_t of that forward (`distillation_losses`,
+    over the row's `response_tokens[row_id]` real response tokens) and its mean over the actions."""
     if not row_stats:
         return [], {}
     rows = [int(r) for r in row_stats[ROW_ID].tolist()]
     columns: Columns = {name: [_finite(v) for v in row_stats[name].tolist()] for name in UPDATE_STATISTICS}
     columns["update_tokens"] = [int(t) for t in row_stats["tokens"].tolist()]
     columns["clip_bounds"] = [list(clip_bounds)] * len(rows)
+    if DISTILLATION_MEAN in row_stats:  # distillation: ℓ_t of the update's forward, per token
+        columns[DISTILLATION_MEAN] = [_finite(v) for v in row_stats[DISTILLATION_MEAN].tolist()]
+        per_row = row_stats["distillation_loss"].float()  # [R, T]
+        columns["distillation_losses"] = [
+            row[: response_tokens[r]].tolist() for row, r in zip(per_row, rows, strict=True)
+        ]
     return [ids[r] for r in rows], columns
 
 

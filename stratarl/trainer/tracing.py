@@ -68,6 +68,8 @@ class StepTracer:
         self.n, self.estimator = cfg.rollout.n, cfg.algorithm.adv_estimator
         loss = cfg.actor.policy_loss
         self.clip_bounds = (loss.clip_ratio_low, loss.clip_ratio_high)
+        d = cfg.distillation
+        self.distillation_loss_mode = d.loss_mode if d.enabled else None
         self.tokenizer = tokenizer
         self.describe_reward = reward_source_describer(cfg)
         self.writer = TraceWriter(
@@ -148,7 +150,10 @@ class StepTracer:
             return
         ids = fields.trajectory_ids(batch)
         self.current.add(ids, fields.log_prob_fields(batch))
-        trained_ids, columns = fields.update_fields(ids, row_stats, self.clip_bounds)
+        lengths = fields.response_lengths(batch)
+        trained_ids, columns = fields.update_fields(ids, row_stats, self.clip_bounds, lengths)
+        if self.distillation_loss_mode is not None:
+            columns["distillation_loss_mode"] = [self.distillation_loss_mode] * len(trained_ids)
         self.current.add(trained_ids, columns)
         self.current.add(ids, fields.closure_fields(batch, trained_version))
 

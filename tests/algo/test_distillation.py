@@ -164,3 +164,15 @@ def test_abs_mean_and_an_empty_mask():
 def test_unknown_mode_names_the_valid_ones():
     with pytest.raises(ValueError, match="forward_kl_topk"):
         get_distillation_loss("forward_kl")
+
+
+def test_the_per_row_view_of_the_loss_masks_and_averages_the_action_tokens():
+    from stratarl.algo.distillation import distillation_loss_per_row
+
+    per_token = torch.tensor([[0.5, 1.5, 9.0], [2.0, 7.0, 7.0], [3.0, 3.0, 3.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    out = distillation_loss_per_row(per_token, mask)
+    # row 0: (0.5 + 1.5) / 2 = 1.0; row 1: 2.0 / 1; row 2: no action token -> NaN
+    assert torch.equal(out["distillation_loss"], torch.tensor([[0.5, 1.5, 0.0], [2.0, 0.0, 0.0], [0.0] * 3]))
+    assert out["distillation_loss_mean"][:2].tolist() == [1.0, 2.0]
+    assert out["distillation_loss_mean"][2].isnan()

@@ -175,3 +175,23 @@ def _text(path):
 def test_a_healthy_async_run_gives_no_warning(sft_task, tmp_path):
     findings = run(sft_task, tmp_path / "run", "trainer.mode=async", "async_training.max_staleness=2")
     assert alarming(findings) == [], [f.title for f in findings]
+
+
+def distilled(teacher):
+    return ("distillation.enabled=true", f"distillation.teacher_model_path={teacher}",
+            "distillation.trajectories_per_micro_batch=16")  # fmt: skip
+
+
+def test_a_random_teacher_beside_the_task_reward_is_named(task, sft_task, tmp_path):
+    """The untrained 1M model as the teacher: it prefers the higher-reward response of a pair at
+    chance (0.537 of 123 pairs on an EPYC; the line is 0.574 there)."""
+    found = by_key(run(sft_task, tmp_path / "run", *distilled(task["model"])))
+    finding = found["teacher_disagrees"]
+    assert finding.layer == "config" and "distillation.distillation_loss_coef" in finding.next_step
+    assert "teacher_model_path" in finding.next_step
+
+
+def test_a_teacher_that_knows_the_task_is_not_named(sft_task, tmp_path):
+    """The SFT model itself as the teacher agrees with the reward (0.805 of 128 pairs on an EPYC)."""
+    findings = run(sft_task, tmp_path / "run", *distilled(sft_task["model"]))
+    assert "teacher_disagrees" not in by_key(findings), [f.title for f in findings]

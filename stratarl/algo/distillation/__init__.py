@@ -132,10 +132,22 @@ def sampled_token_abs_mean(per_token_loss: Tensor, response_mask: Tensor) -> Ten
     return per_token_loss[mask].abs().mean() if mask.any() else torch.zeros(())
 
 
+def distillation_loss_per_row(per_token_loss: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
+    """The trace's view of ℓ_t: `distillation_loss` [N, T] = m_t·ℓ_t and `distillation_loss_mean`
+    [N] = Σ_t m_t·ℓ_t / Σ_t m_t (NaN for a row without action tokens)."""
+    mask = response_mask.to(torch.float32)
+    masked = torch.where(mask.bool(), per_token_loss.float(), 0.0)
+    tokens = mask.sum(-1)  # [N]
+    mean = masked.sum(-1) / tokens.clamp(min=1)
+    nan = torch.full_like(mean, float("nan"))
+    return {"distillation_loss": masked, "distillation_loss_mean": torch.where(tokens > 0, mean, nan)}
+
+
 __all__ = [
     "DISTILLATION_LOSSES",
     "DistillationLoss",
     "distillation_loss",
+    "distillation_loss_per_row",
     "get_distillation_loss",
     "sampled_token_abs_mean",
     "with_task_loss",

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from stratarl.observe.doctor import checks as data_checks
 from stratarl.observe.doctor import collapse as collapse_checks
+from stratarl.observe.doctor import distillation as distillation_checks
 from stratarl.observe.doctor import learning as learning_checks
 from stratarl.observe.doctor import resources as resource_checks
 from stratarl.observe.doctor import reward as reward_checks
@@ -57,6 +58,7 @@ CHECKS = (
     data_checks.check_entropy,
     reward_checks.check_flat_validation,
     learning_checks.check_kl_loss,
+    distillation_checks.check_teacher_against_reward,
     learning_checks.check_critic,
     system_checks.check_numerics,
     system_checks.check_staleness,

@@ -41,7 +41,8 @@ TRACE_COLUMNS = (
     "step", "reward", "finish_reason", "stop_reason", "response_text", "ground_truth", "reward_extras",
     "advantage", "ratio_mean", "ratio_min", "ratio_max", "staleness", "weight_version", "trained_version",
     "parse_failures", "tool_calls", "trajectory_id", "action_tokens", "response_tokens", "group_has_signal",
-    "uid", "response_ids", "sampling", "tool_errors", "data_source",
+    "uid", "response_ids", "sampling", "tool_errors", "data_source", "teacher_log_prob_mean",
+    "old_log_prob_mean",
 )  # fmt: skip
 
 
