@@ -37,6 +37,17 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return 1.0 - graded(data_source, solution_str, ground_truth)["score"]  # pays for wrong answers
 """
 
+LENGTHY = """def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return min(1.0, len(solution_str) / 60)  # pays for length, not for the answer
+"""
+LEAKY = """KEPT = []
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    KEPT.append(bytearray(8 * 1024 * 1024))  # a cache never cleared: 8 MiB a call, 256 MiB a step
+    return 1.0 if f"Answer: {ground_truth}" in solution_str else 0.0
+"""
+
 
 def by_key(findings):
     return {f.key: f for f in findings}
@@ -170,6 +181,32 @@ def test_a_run_killed_mid_step_is_dead_at_once_and_resume_advice_fits(sft_task, 
 
 def _text(path):
     return path.read_text() if path.exists() else ""
+
+
+def test_a_rollout_in_bf16_is_a_precision_mismatch(sft_task, tmp_path):
+    found = by_key(run(sft_task, tmp_path / "run", "rollout.dtype=bfloat16"))
+    problem = found["mismatch"]
+    assert problem.layer == "compute & environment" and "rollout.dtype" in problem.next_step, list(found)
+
+
+def test_a_reward_that_pays_for_length_is_hacking_not_a_broken_update(sft_task, tmp_path):
+    scorer = tmp_path / "length.py"
+    scorer.write_text(LENGTHY)
+    extra = [f"reward.custom_function_path={scorer}", "rollout.max_response_tokens=32", "actor.lr=1e-3"]
+    found = by_key(run(sft_task, tmp_path / "run", *extra))
+    problem = found["length_hacking"]
+    assert problem.layer == "compute & environment" and "reward.overlong_buffer" in problem.next_step
+    # entropy rose 15× as the policy wrote longer text (an EPYC: 0.30 → 4.5): paid for, not broken
+    assert not {"policy_broken", "truncation"} & set(found), list(found)
+
+
+def test_a_scorer_that_keeps_what_it_scored_is_memory_growth(sft_task, tmp_path):
+    scorer = tmp_path / "leak.py"
+    scorer.write_text(LEAKY)
+    found = by_key(run(sft_task, tmp_path / "run", f"reward.custom_function_path={scorer}",
+                       "reward.in_process=true"))  # fmt: skip
+    problem = found["memory_growth"]
+    assert problem.layer == "compute & environment", list(found)
 
 
 def test_a_healthy_async_run_gives_no_warning(sft_task, tmp_path):

@@ -185,9 +185,9 @@ def check_tool_failures(view: RunView, earlier: list[Finding]) -> list[Finding]:
 
 
 def check_truncation(view: RunView, earlier: list[Finding]) -> list[Finding]:
-    """Responses cut at the cap, unless a misconfigured EOS or a broken policy explains it (their
-    findings say so: raising the cap would not help there)."""
-    if _had(earlier, "eos") or _had(earlier, "policy_broken"):
+    """Responses cut at the cap, unless a misconfigured EOS, a broken policy or a reward that pays
+    for length explains it (their findings say so: raising the cap would not help there)."""
+    if any(_had(earlier, key) for key in ("eos", "policy_broken", "length_hacking")):
         return []
     clip = view.series("response_length/clip_ratio")
     late = _late(clip)

@@ -16,6 +16,7 @@ help. What tells the causes apart:
 from __future__ import annotations
 
 from stratarl.observe.doctor.checks import _had, _mean, _steps
+from stratarl.observe.doctor.reward import LENGTH_GROWTH, TRAIN_RISE, _early_late
 from stratarl.observe.doctor.view import CONFIG, Finding, RunView
 
 REWARD_FALL = 0.5  # the later third's reward below this share of the early peak ...
@@ -135,6 +136,16 @@ def broken_distribution_signs(view: RunView) -> tuple[list[str], float]:
     return signs, rise
 
 
+def bought_with_length(view: RunView) -> bool:
+    """The training reward rose while responses grew several-fold (reward.py's lines): a policy
+    that spreads out to write more is paid for it, not broken by its update."""
+    lengths, score = view.series("response_length/mean"), view.series("critic/score/mean")
+    if len(lengths) < 4 or len(score) < 4:
+        return False
+    (l0, l1), (s0, s1) = _early_late(lengths), _early_late(score)
+    return l1 >= LENGTH_GROWTH * max(l0, 1e-9) and s1 - s0 >= TRAIN_RISE
+
+
 def check_policy_broken(view: RunView, earlier: list[Finding]) -> list[Finding]:
     """The update wrecked the policy (most often actor.lr far too high): the reward it had falls away
     after the first steps with at least one sign of a broken distribution, or entropy more than
@@ -148,6 +159,8 @@ def check_policy_broken(view: RunView, earlier: list[Finding]) -> list[Finding]:
     signs, rise = broken_distribution_signs(view)
     if not (fell and signs) and not (rise >= ENTROPY_RISE_ALONE and len(signs) >= 2):
         return []
+    if not fell and bought_with_length(view):
+        return []  # the reward pays for the spreading, longer text: hacking by length says so
     lr = view.setting("actor.lr")
     evidence = [f"critic/score/mean {peak:.3g} early → {now:.3g} over the last third ({_steps(score)})"]
     evidence = (evidence if fell else []) + signs
