@@ -7,7 +7,8 @@ agent function once per row (`agent.gateway.max_concurrent_episodes` at a time, 
 scored on their last assistant message by the run's reward. Every finished episode with at least
 one call becomes one row or one row per call (`stratarl.agent.gateway.episode_rows`), carrying the
 prompt row's columns (`uid` included, so a group is all rows of a prompt's episodes), the captured
-ids, log-probs and versions, and `token_level_scores` (the trainer's reward phase is skipped).
+ids, log-probs and versions, and `token_level_scores` (the trainer's reward phase is skipped); each
+row's `agent_record` lists the episode's calls (`gateway_calls`: what became of each).
 Episodes that timed out or raised are counted (`agent/gateway_*`) and not trained on.
 """
 
@@ -110,6 +111,8 @@ class GatewayRollout:
             pad_token_id=self.renderer.tokenizer.pad_token_id,
             max_response_len=sampling.max_tokens,
         )
+        for record, calls in zip(records, [r.calls for r in results for _ in r.trajectories], strict=True):
+            record["gateway_calls"] = calls  # the trace's interaction answer lists them
         non_tensors = {
             "finish_reason": _objects([t.turns[-1].finish_reason or "length" for t in trajectories]),
             "agent_record": _objects(records),

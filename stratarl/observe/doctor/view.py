@@ -39,7 +39,7 @@ TRACE_COLUMNS = (
     "step", "reward", "finish_reason", "stop_reason", "response_text", "ground_truth", "reward_extras",
     "advantage", "ratio_mean", "ratio_min", "ratio_max", "staleness", "weight_version", "trained_version",
     "parse_failures", "tool_calls", "trajectory_id", "action_tokens", "response_tokens", "group_has_signal",
-    "uid", "response_ids", "sampling", "tool_errors", "data_source",
+    "uid", "response_ids", "sampling", "tool_errors", "data_source", "gateway_calls",
 )  # fmt: skip
 
 

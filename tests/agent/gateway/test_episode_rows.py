@@ -55,6 +55,32 @@ def test_a_rewritten_history_or_an_overlong_merge_gives_one_row_per_call_sharing
     assert over.split_reason == "over_budget" and len(over.trajectories) == 2
 
 
+def test_each_call_is_listed_with_the_row_it_became_and_where_a_prompt_departs():
+    rewritten = EpisodeCapture(
+        "ep", {"request_id": "u/1"}, calls=[call([1, 2], [3, 4]), call([1, 2, 7, 9], [5], 1)]
+    )
+    first, second = episode_trajectories(rewritten, max_response_tokens=16).calls
+    assert first == {
+        "call": 0,
+        "prompt_tokens": 2,
+        "sampled_tokens": 2,
+        "weight_version": 0,
+        "finish_reason": "stop",
+        "row": "u/1/call0",
+        "merged": False,
+        "split_reason": "not_a_prefix",
+    }
+    assert (second["row"], second["weight_version"], second["extends_previous"]) == ("u/1/call1", 1, False)
+    # call 0's prompt + response is [1, 2, 3, 4]; call 1's prompt [1, 2, 7, 9] departs at token 2
+    assert (second["diverges_at"], second["found_ids"], second["expected_ids"]) == (2, [7, 9], [3, 4])
+    chained = EpisodeCapture("ep", {"request_id": "u/0"}, calls=[call([1], [2]), call([1, 2, 5], [6])])
+    calls = episode_trajectories(chained, max_response_tokens=16).calls
+    assert [(c["row"], c["merged"], c.get("extends_previous")) for c in calls] == [
+        ("u/0", True, None),
+        ("u/0", True, True),
+    ]
+
+
 class FixedIdsEngine:
     """Answers every request with the same sampled ids: a tokenization the tokenizer would not write."""
 
