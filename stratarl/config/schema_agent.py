@@ -158,7 +158,6 @@ def gateway_problems(
     *,
     agent_enable: bool,
     adv_estimator: str,
-    trainer_mode: str,
     filter_groups: bool,
     check_paths: bool = True,
 ) -> list[ConfigProblem]:
@@ -174,11 +173,6 @@ def gateway_problems(
             agent_enable,
             ("agent.enable", "agent.gateway.enable"),
             "choose one: the built-in tool loop (agent.enable) or your own agent program (agent.gateway)",
-        ),
-        (
-            trainer_mode != "sync",
-            ("agent.gateway.enable", "trainer.mode"),
-            "the gateway runs in trainer.mode=sync only (not built for the off-policy modes yet)",
         ),
         (
             filter_groups,

@@ -46,7 +46,6 @@ def gateway_run(task, root, *extra):
         (["agent.gateway.agent_function_name=missing"], "agent.gateway.agent_function_name: "),
         (["agent.gateway.agent_function_name=calculate"], "must be an `async def`"),
         (["agent.enable=true"], "choose one: the built-in tool loop"),
-        (["trainer.mode=one_step_off"], "the gateway runs in trainer.mode=sync only"),
         (["algorithm.filter_groups.enable=true"], "dynamic sampling is not built for gateway rows"),
         (["agent.gateway.episode_timeout_s=0"], "agent.gateway.episode_timeout_s: must be > 0"),
     ],
@@ -163,3 +162,58 @@ def test_the_doctor_names_episodes_that_split_into_one_row_per_call(two_call_run
     assert finding.severity == "warning" and f"{int(split)} of {int(episodes)}" in finding.evidence[0]
     assert "departs from call 0's prompt + response at token" in finding.evidence[1]
     assert "send each assistant message back unchanged" in finding.next_step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "extra"),
+    [("one_step_off", []), ("async", ["async_training.max_staleness=1", "async_training.buffer_batches=1"])],
+)
+def test_the_off_policy_modes_train_the_agent_program_with_each_calls_weight_version(
+    tiny_task, tmp_path, mode, extra
+):
+    agent = tmp_path / "two_call_agent.py"
+    agent.write_text(TWO_CALL_AGENT)
+    run = small_run(
+        tiny_task,
+        tmp_path / "out",
+        "agent.gateway.enable=true",
+        f"agent.gateway.agent_function_path={agent}",
+        f"trainer.mode={mode}",
+        "trainer.total_steps=2",
+        "rollout.max_response_tokens=24",
+        "trainer.save_trajectories=true",
+        "trace.enable=true",
+        "trace.fraction=1.0",
+        *extra,
+    )
+    assert main(["train", *run]) == 0
+    (run_dir,) = {p.parent for p in (tmp_path / "out").rglob("metrics.jsonl")}
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r.get("phase") == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["agent/gateway_episodes"] == 8.0 and r["agent/gateway_calls/mean"] == 2.0 for r in train)
+    if mode == "one_step_off":  # step 2 trains version 1 on rows version 0 generated
+        assert [r["async/staleness_max"] for r in train] == [0.0, 1.0]
+    else:
+        assert all(0.0 <= r["async/staleness_max"] <= 1.0 for r in train)
+    for step in (1, 2):
+        for row in read_step(run_dir, step):
+            calls = json.loads(row["gateway_calls"])
+            versions = {c["weight_version"] for c in calls}
+            # the row's version is its oldest sampled token's; every call was served by a pushed version
+            assert (
+                row["weight_version"] == min(versions)
+                if calls[0]["merged"]
+                else row["weight_version"] in versions
+            )
+            assert row["staleness"] == row["trained_version"] - row["weight_version"] >= 0
+            assert all(0 <= v <= step - 1 for v in versions)
+    lines = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert {line["step"] for line in lines} == {1, 2}
+    for line in lines:  # each assistant turn carries the version of the call that sampled it
+        turns = [t for t in line["turns"] if t["role"] == "assistant"]
+        assert turns and all(t["weight_version"] == line["weight_version"] for t in turns)
+    # per-token versions, as the other async rows: token staleness = row staleness (no partial rows)
+    assert [r["async/token_staleness_max"] for r in train] == [r["async/staleness_max"] for r in train]
+    assert all(r["async/partial_rows"] == 0 for r in train)
