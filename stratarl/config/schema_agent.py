@@ -40,6 +40,11 @@ class GatewayConfig:
     max_prompt_tokens: int = setting(
         4096, "longest prompt one call may send; longer ones get a 400 context_length_exceeded"
     )
+    keep_sampled_ids: bool = setting(
+        True,
+        "a chat prompt whose text begins with an earlier call's prompt + response text keeps that call's "
+        "ids for it (only the rest is tokenized), so a re-tokenized answer does not split the episode",
+    )
 
 
 @dataclass

@@ -53,6 +53,7 @@ class GatewayRollout:
     episode_timeout_s: float
     max_concurrent: int
     max_prompt_tokens: int
+    keep_sampled_ids: bool
     api_key: str = field(default_factory=new_api_key)  # one per run
 
     def run(
@@ -69,6 +70,7 @@ class GatewayRollout:
                 api_key=self.api_key,
                 max_prompt_tokens=self.max_prompt_tokens,
                 tool_format=self.tool_format,
+                keep_sampled_ids=self.keep_sampled_ids,
             )
             async with gateway:
                 captures = await run_episodes(
@@ -176,6 +178,7 @@ def build_gateway_rollout(cfg: RunConfig, tokenizer: Any) -> GatewayRollout | No
         episode_timeout_s=g.episode_timeout_s,
         max_concurrent=g.max_concurrent_episodes,
         max_prompt_tokens=g.max_prompt_tokens,
+        keep_sampled_ids=g.keep_sampled_ids,
     )
 
 

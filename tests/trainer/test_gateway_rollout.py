@@ -91,6 +91,7 @@ def two_call_run(tiny_task, tmp_path_factory):
         "trainer.save_trajectories=true",
         "trace.enable=true",
         "trace.fraction=1.0",
+        "agent.gateway.keep_sampled_ids=false",  # the re-tokenized prompts: episodes split
     )
     assert main(["train", *run]) == 0
     return root
@@ -181,7 +182,7 @@ def test_the_off_policy_modes_train_the_agent_program_with_each_calls_weight_ver
         f"agent.gateway.agent_function_path={agent}",
         f"trainer.mode={mode}",
         "trainer.total_steps=2",
-        "rollout.max_response_tokens=24",
+        "rollout.max_response_tokens=64",  # both answers and the user turn between them fit one row
         "trainer.save_trajectories=true",
         "trace.enable=true",
         "trace.fraction=1.0",
@@ -193,6 +194,10 @@ def test_the_off_policy_modes_train_the_agent_program_with_each_calls_weight_ver
     train = [r for r in records if r.get("phase") == "train"]
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["agent/gateway_episodes"] == 8.0 and r["agent/gateway_calls/mean"] == 2.0 for r in train)
+    # agent.gateway.keep_sampled_ids (on): second prompts keep the first answer's ids, nothing drifts
+    assert all(r["agent/gateway_split/not_a_prefix"] == 0 for r in train)
+    assert sum(r["agent/gateway_prompts_kept_sampled_ids"] for r in train) > 0
+    assert sum(r["agent/gateway_rows_merged"] for r in train) > 0
     if mode == "one_step_off":  # step 2 trains version 1 on rows version 0 generated
         assert [r["async/staleness_max"] for r in train] == [0.0, 1.0]
     else:

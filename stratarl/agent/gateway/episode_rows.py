@@ -160,6 +160,9 @@ def rows_metrics(results: list[EpisodeRows], episodes: list[EpisodeCapture]) -> 
         "agent/gateway_calls/mean": sum(calls) / n,
         "agent/gateway_calls/max": float(max(calls, default=0)),
         "agent/gateway_tool_calls/total": float(sum(e.num_tool_calls for e in episodes)),
+        # chat prompts whose re-tokenized ids would have differed from an earlier call's sampled ones
+        "agent/gateway_prompts_kept_sampled_ids": float(sum(e.prompts_kept_sampled_ids for e in episodes)),
+        "agent/gateway_calls/total": float(sum(calls)),
         "agent/gateway_rows": float(sum(len(r.trajectories) for r in results)),
         "agent/gateway_rows_merged": float(sum(r.merged for r in results)),
         "agent/gateway_rows_per_call": float(sum(len(r.trajectories) for r in results if not r.merged)),

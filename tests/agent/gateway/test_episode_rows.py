@@ -9,6 +9,7 @@ from openai import AsyncOpenAI
 from stratarl.agent.gateway.capture import CallRecord, EpisodeCapture
 from stratarl.agent.gateway.episode_rows import episode_trajectories
 from stratarl.agent.gateway.server import Gateway
+from stratarl.agent.rendering import render_text
 from stratarl.rollout.interface import GenerationResult, SamplingParams
 
 
@@ -103,7 +104,8 @@ class FixedIdsEngine:
         ]
 
 
-def test_re_tokenizing_the_chat_would_drift_and_the_captured_ids_are_what_is_trained(renderer, tokenizer):
+def drifting_episode(renderer, tokenizer, *, keep_sampled_ids):
+    """A model that spells `calculator` one character a token; the agent sends its answer back."""
     word = "calculator"
     canonical = tokenizer.encode(word, add_special_tokens=False)
     one_char_each = [tokenizer.convert_tokens_to_ids(c) for c in word]  # the same text, other ids
@@ -125,13 +127,22 @@ def test_re_tokenizing_the_chat_would_drift_and_the_captured_ids_are_what_is_tra
     async def main():
         sampling = SamplingParams(max_tokens=32)
         async with Gateway(
-            FixedIdsEngine(sampled), renderer, sampling=sampling, max_prompt_tokens=256
+            FixedIdsEngine(sampled),
+            renderer,
+            sampling=sampling,
+            max_prompt_tokens=256,
+            keep_sampled_ids=keep_sampled_ids,
         ) as gateway:
             return await agent_twice(gateway)
 
     capture, messages = asyncio.run(main())
+    return capture, messages, sampled
+
+
+def test_re_tokenizing_the_chat_would_drift_and_the_captured_ids_are_what_is_trained(renderer, tokenizer):
+    capture, messages, sampled = drifting_episode(renderer, tokenizer, keep_sampled_ids=False)
     first, second = capture.calls
-    assert first.response_ids == tuple(sampled) and first.text == word
+    assert first.response_ids == tuple(sampled) and first.text == "calculator"
     # what a trainer re-tokenizing the chat would train on: the canonical ids, which were never sampled
     retokenized = renderer.prompt_ids(messages)
     assert retokenized[: len(first.sequence)] != list(first.sequence)
@@ -140,3 +151,26 @@ def test_re_tokenizing_the_chat_would_drift_and_the_captured_ids_are_what_is_tra
     assert rows.split_reason == "not_a_prefix"  # so the calls are trained one row each ...
     assert rows.trajectories[0].response_ids == sampled  # ... on the ids sampled, with their log-probs
     assert rows.trajectories[0].response_log_probs == list(first.log_probs)
+    assert capture.prompts_kept_sampled_ids == 0
+
+
+def test_a_prompt_that_sends_the_answer_back_keeps_its_sampled_ids_and_the_episode_is_one_row(
+    renderer, tokenizer
+):
+    capture, messages, sampled = drifting_episode(renderer, tokenizer, keep_sampled_ids=True)
+    first, second = capture.calls
+    text = render_text(tokenizer, messages, add_generation_prompt=True)
+    # the second prompt: the first call's prompt + sampled ids, then the rest of the chat tokenized ...
+    assert second.prompt_ids[: len(first.sequence)] == first.sequence
+    rest = text[len(tokenizer.decode(list(first.sequence), skip_special_tokens=False)) :]
+    assert list(second.prompt_ids[len(first.sequence) :]) == tokenizer.encode(rest, add_special_tokens=False)
+    # ... the same characters as the template's text, token for token what the model read and wrote
+    assert tokenizer.decode(list(second.prompt_ids), skip_special_tokens=False) == text
+    assert second.prompt_ids != tuple(renderer.prompt_ids(messages)) and capture.prompts_kept_sampled_ids == 1
+    rows = episode_trajectories(capture, max_response_tokens=64)
+    assert rows.merged and len(rows.trajectories) == 1
+    row = rows.trajectories[0]
+    assert row.prompt_ids == list(first.prompt_ids)
+    assert row.response_ids[: len(sampled)] == sampled and row.response_ids[-len(sampled) :] == sampled
+    n_obs = len(row.response_ids) - 2 * len(sampled)  # the user turn between the two answers
+    assert row.response_mask == [1] * len(sampled) + [0] * n_obs + [1] * len(sampled)
