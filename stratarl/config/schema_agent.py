@@ -40,6 +40,11 @@ class GatewayConfig:
     max_prompt_tokens: int = setting(
         4096, "longest prompt one call may send; longer ones get a 400 context_length_exceeded"
     )
+    keep_sampled_ids: bool = setting(
+        True,
+        "a chat prompt whose text begins with an earlier call's prompt + response text keeps that call's "
+        "ids for it (only the rest is tokenized), so a re-tokenized answer does not split the episode",
+    )
 
 
 @dataclass
@@ -158,7 +163,6 @@ def gateway_problems(
     *,
     agent_enable: bool,
     adv_estimator: str,
-    trainer_mode: str,
     filter_groups: bool,
     check_paths: bool = True,
 ) -> list[ConfigProblem]:
@@ -174,11 +178,6 @@ def gateway_problems(
             agent_enable,
             ("agent.enable", "agent.gateway.enable"),
             "choose one: the built-in tool loop (agent.enable) or your own agent program (agent.gateway)",
-        ),
-        (
-            trainer_mode != "sync",
-            ("agent.gateway.enable", "trainer.mode"),
-            "the gateway runs in trainer.mode=sync only (not built for the off-policy modes yet)",
         ),
         (
             filter_groups,

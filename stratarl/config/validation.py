@@ -119,7 +119,6 @@ def validate_config(cfg: RunConfig, *, check_paths: bool = True) -> list[str]:
             cfg.agent.gateway,
             agent_enable=cfg.agent.enable,
             adv_estimator=cfg.algorithm.adv_estimator,
-            trainer_mode=cfg.trainer.mode,
             filter_groups=cfg.algorithm.filter_groups.enable,
             check_paths=check_paths,
         ),

@@ -147,9 +147,31 @@ def _turn_lines(turns: list[dict[str, Any]], row: dict[str, Any]) -> list[tuple[
         for error in turn.get("parse_errors", []):
             lines.append(("  parse error", str(error)))
     lines += [("failure", str(failure)) for failure in _load(row.get("tool_failures"), [])]
+    lines += _gateway_call_lines(_load(row.get("gateway_calls"), []))
     summary = f"{row.get('tool_calls', 0)} tool calls, {row.get('tool_errors', 0)} failed, "
     summary += f"{row.get('parse_failures', 0)} parse failures; num_turns {row.get('num_turns')}"
     return [*lines, ("summary", summary)]
+
+
+def _gateway_call_lines(calls: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The agent program's model calls of this row's episode (agent.gateway): what each call was and
+    the row it became — one row for the episode (merged) or one per call, and why."""
+    lines = []
+    for call in calls:
+        how = "merged" if call["merged"] else f"split: {call['split_reason']}"
+        text = (
+            f"prompt {call['prompt_tokens']} tokens, sampled {call['sampled_tokens']}, "
+            f"weight version {call['weight_version']}, finish {call['finish_reason']} "
+            f"→ row {call['row']} ({how})"
+        )
+        if call.get("extends_previous") is False:
+            text += (
+                f"; its prompt departs from call {call['call'] - 1}'s prompt + response at token "
+                f"{call['diverges_at']}: ids {call['found_ids']} where extending needed "
+                f"{call['expected_ids']}"
+            )
+        lines.append((f"gateway call {call['call']}", text))
+    return lines
 
 
 def _advantage_lines(row: dict[str, Any]) -> list[tuple[str, str]]:

@@ -25,7 +25,11 @@ Decode = Callable[[Sequence[int]], str]
 
 
 def trajectory_ids(batch: DataProto) -> list[str]:
-    """`<uid>/<sample index>`: the key every phase's fields are joined on (the agent's request id)."""
+    """`<uid>/<sample index>`: the key every phase's fields are joined on — the agent's request id,
+    read from its record when there is one (an agent program's episode split into one row per call
+    gives rows `<uid>/<sample index>/call<k>`, one trace row each)."""
+    if "agent_record" in batch:
+        return [str(r["request_id"]) for r in batch["agent_record"]]
     return [f"{uid}/{int(i)}" for uid, i in zip(batch["uid"], batch["sample_index"], strict=True)]
 
 
@@ -121,7 +125,8 @@ def _replicas(batch: DataProto) -> list[int | None]:
 def interaction_fields(batch: DataProto) -> Columns:
     """Q5 every turn: generated spans, tool calls (name, arguments, result, latency, error), parse
     errors and observations, and `tool_failures` (JSON list: why each failed call or interaction
-    failed); a single-turn trajectory is one assistant turn."""
+    failed); a single-turn trajectory is one assistant turn. `gateway_calls` (JSON list): each model
+    call of the agent-program episode the row came from, and the row it became (`[]` otherwise)."""
     if "agent_record" not in batch:
         lengths = response_lengths(batch)
         turns = [[{"role": "assistant", "span": [0, length], "tool_calls": []}] for length in lengths]
@@ -133,6 +138,7 @@ def interaction_fields(batch: DataProto) -> Columns:
             "tool_errors": [0] * len(batch),
             "tool_failures": [to_json([])] * len(batch),
             "parse_failures": [0] * len(batch),
+            "gateway_calls": [to_json([])] * len(batch),
         }
     records = list(batch["agent_record"])
     calls = [[c for t in r["turns"] for c in t["tool_calls"]] for r in records]
@@ -144,6 +150,7 @@ def interaction_fields(batch: DataProto) -> Columns:
         "tool_errors": [sum(call["error"] is not None for call in c) for c in calls],
         "tool_failures": [to_json(_tool_failures(r, c)) for r, c in zip(records, calls, strict=True)],
         "parse_failures": [sum(bool(t["parse_errors"]) for t in r["turns"]) for r in records],
+        "gateway_calls": [to_json(r.get("gateway_calls", [])) for r in records],  # [] off the gateway
     }
 
 

@@ -7,7 +7,8 @@ agent function once per row (`agent.gateway.max_concurrent_episodes` at a time, 
 scored on their last assistant message by the run's reward. Every finished episode with at least
 one call becomes one row or one row per call (`stratarl.agent.gateway.episode_rows`), carrying the
 prompt row's columns (`uid` included, so a group is all rows of a prompt's episodes), the captured
-ids, log-probs and versions, and `token_level_scores` (the trainer's reward phase is skipped).
+ids, log-probs and versions, and `token_level_scores` (the trainer's reward phase is skipped); each
+row's `agent_record` lists the episode's calls (`gateway_calls`: what became of each).
 Episodes that timed out or raised are counted (`agent/gateway_*`) and not trained on.
 """
 
@@ -52,6 +53,7 @@ class GatewayRollout:
     episode_timeout_s: float
     max_concurrent: int
     max_prompt_tokens: int
+    keep_sampled_ids: bool
     api_key: str = field(default_factory=new_api_key)  # one per run
 
     def run(
@@ -68,6 +70,7 @@ class GatewayRollout:
                 api_key=self.api_key,
                 max_prompt_tokens=self.max_prompt_tokens,
                 tool_format=self.tool_format,
+                keep_sampled_ids=self.keep_sampled_ids,
             )
             async with gateway:
                 captures = await run_episodes(
@@ -110,6 +113,8 @@ class GatewayRollout:
             pad_token_id=self.renderer.tokenizer.pad_token_id,
             max_response_len=sampling.max_tokens,
         )
+        for record, calls in zip(records, [r.calls for r in results for _ in r.trajectories], strict=True):
+            record["gateway_calls"] = calls  # the trace's interaction answer lists them
         non_tensors = {
             "finish_reason": _objects([t.turns[-1].finish_reason or "length" for t in trajectories]),
             "agent_record": _objects(records),
@@ -173,6 +178,7 @@ def build_gateway_rollout(cfg: RunConfig, tokenizer: Any) -> GatewayRollout | No
         episode_timeout_s=g.episode_timeout_s,
         max_concurrent=g.max_concurrent_episodes,
         max_prompt_tokens=g.max_prompt_tokens,
+        keep_sampled_ids=g.keep_sampled_ids,
     )
 
 

@@ -62,6 +62,7 @@ class EpisodeCapture:
     reward_extras: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     num_tool_calls: int = 0  # tool calls the API returned to the agent
+    prompts_kept_sampled_ids: int = 0  # chat prompts that kept an earlier call's sampled ids
 
     @property
     def is_open(self) -> bool:

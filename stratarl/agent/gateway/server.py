@@ -13,7 +13,9 @@ call to a finished or unknown episode gets 404. Errors are the OpenAI error obje
 Sampling: the request's temperature / top_p / seed when given, else the run's; max_tokens capped
 at the run's `max_response_tokens`; the request's stop strings end the sample where they complete
 (`Gateway.cut_at_stop`: any engine, no detokenizer needed); a prompt over `max_prompt_tokens` is
-refused (`context_length_exceeded`).
+refused (`context_length_exceeded`). With `keep_sampled_ids`, a chat prompt whose text continues an
+earlier call of its episode keeps that call's ids (`sampled_prefix.continue_sampled`), counted in
+the capture's `prompts_kept_sampled_ids` when they differ from the re-tokenized ones.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from stratarl.agent.gateway.api_requests import (
 from stratarl.agent.gateway.batcher import EngineBatcher
 from stratarl.agent.gateway.capture import CallRecord, EpisodeCapture
 from stratarl.agent.gateway.http_server import HttpRequest, HttpResponse, HttpServer
+from stratarl.agent.gateway.sampled_prefix import continue_sampled
 from stratarl.agent.gateway.tool_calls import ToolCallFormat
-from stratarl.agent.rendering import ChatRenderer, encode
+from stratarl.agent.rendering import ChatRenderer, encode, render_text
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
 
 MODEL_ID = "stratarl-policy"
@@ -57,8 +60,10 @@ class Gateway:
         tool_format: str = "hermes",
         seed: int | None = None,
         api_key: str | None = None,
+        keep_sampled_ids: bool = False,
     ) -> None:
         self.renderer, self.tokenizer = renderer, renderer.tokenizer
+        self.keep_sampled_ids = keep_sampled_ids
         self.sampling, self.max_prompt_tokens, self.seed = sampling, max_prompt_tokens, seed
         self.format = ToolCallFormat(tool_format)
         self.batcher = EngineBatcher(engine)
@@ -137,11 +142,18 @@ class Gateway:
     # --- the two endpoints ----------------------------------------------------------------------
     async def chat(self, capture: EpisodeCapture, call: ChatCall) -> dict[str, Any]:
         try:
-            prompt_ids = self.renderer.prompt_ids(self.format.template_messages(call.messages), call.tools)
+            kwargs = {"tools": call.tools} if call.tools else {}
+            messages = self.format.template_messages(call.messages)
+            text = render_text(self.tokenizer, messages, add_generation_prompt=True, **kwargs)
         except Exception as err:
             raise ApiError(
                 f"the chat template cannot render these messages: {err}"[:400], param="messages"
             ) from err
+        prompt_ids = encode(self.tokenizer, text)  # the ChatRenderer.prompt_ids of these messages
+        kept = continue_sampled(self.tokenizer, text, capture.calls) if self.keep_sampled_ids else None
+        if kept is not None and kept != prompt_ids:
+            prompt_ids = kept
+            capture.prompts_kept_sampled_ids += 1
         results, texts = await self.generate(capture, prompt_ids, call.sampling)
         capture.last_messages = list(call.messages)
         choices, offset = [], capture.num_tool_calls

@@ -7,6 +7,7 @@ before it (to defer: "reward always 0" already explains "no group has signal"), 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from stratarl.observe.doctor.view import COMPUTE, CONFIG, RL_MATH, Finding, RunView
@@ -17,6 +18,7 @@ SIGNAL_WARNING = 0.1  # share of prompt groups whose rewards differ
 LOW_SIGNAL_STEPS = 0.3  # ... below it on this share of the steps is weak, whatever the run's mean
 ZERO_ADVANTAGE = 1e-6  # |advantage| below this: 0 up to the estimator's ε (std + 1e-6 in the division)
 TOOL_FAILS_PROBLEM, TOOL_FAILS_WARNING = 0.9, 0.5  # share of tool calls that returned an error
+GATEWAY_SPLIT_WARNING = 0.5  # share of agent-program episodes split into one row per call (not_a_prefix)
 ENTROPY_FLOOR = 0.05  # nats per action token: below it sampling is (nearly) greedy
 ENTROPY_DROP = 0.1  # ... or it fell below this share of its first value
 RATIO_EPS = 1e-6  # |ratio − 1| below this on every token: the policy did not move
@@ -182,6 +184,53 @@ def check_tool_failures(view: RunView, earlier: list[Finding]) -> list[Finding]:
             key="tool_failures",
         )
     ]
+
+
+def check_gateway_splits(view: RunView, earlier: list[Finding]) -> list[Finding]:
+    """Most agent-program episodes (agent.gateway) split into one row per call because a later
+    call's prompt did not begin with the earlier call's prompt + sampled ids (`not_a_prefix`)."""
+    split = sum(v for _, v in view.series("agent/gateway_split/not_a_prefix"))
+    merged = sum(v for _, v in view.series("agent/gateway_rows_merged"))
+    budget = sum(v for _, v in view.series("agent/gateway_split/over_budget"))
+    episodes = split + merged + budget  # the episodes that became rows
+    if not episodes or split / episodes <= GATEWAY_SPLIT_WARNING:
+        return []
+    evidence = [
+        f"agent/gateway_split/not_a_prefix {int(split)} of {int(episodes)} episodes that became rows "
+        f"({int(merged)} merged, {int(budget)} over budget; {_steps(view.series('agent/gateway_rows'))})"
+    ]
+    example = _departed_call(view.trace_rows())
+    if example is not None:
+        row, call = example
+        evidence.append(
+            f"e.g. trajectory {row.get('trajectory_id')}: call {call['call']}'s prompt departs from call "
+            f"{call['call'] - 1}'s prompt + response at token {call['diverges_at']} (ids {call['found_ids']} "
+            f"where extending needed {call['expected_ids']})"
+        )
+    return [
+        Finding(
+            "warning",
+            COMPUTE,
+            f"agent episodes split: {split / episodes:.0%} of {int(episodes)} became one row per call",
+            evidence,
+            "the agent re-sends text that the chat template re-tokenizes into other ids than the model "
+            "sampled, or rewrites its history: send each assistant message back unchanged (the content and "
+            "tool_calls as the API returned them), only append to the messages, and see where the ids part "
+            "(`stratarl trace RUN` lists each gateway call; docs/agent_gateway.md, 'One row or one row per "
+            "call'). Split episodes still train, each call a row, but an episode of k calls weighs k rows",
+            key="gateway_splits",
+        )
+    ]
+
+
+def _departed_call(rows: list[dict]) -> tuple[dict, dict] | None:
+    """The latest traced row with a gateway call that did not extend the call before, and that call."""
+    for row in reversed(rows):
+        calls = row.get("gateway_calls")
+        for call in json.loads(calls) if isinstance(calls, str) else calls or []:
+            if call.get("extends_previous") is False:
+                return row, call
+    return None
 
 
 def check_truncation(view: RunView, earlier: list[Finding]) -> list[Finding]:

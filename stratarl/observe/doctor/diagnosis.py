@@ -42,6 +42,7 @@ CHECKS = (
     data_checks.check_scorer_failures,
     data_checks.check_parse_failures,
     data_checks.check_tool_failures,
+    data_checks.check_gateway_splits,
     sampling_checks.check_prompts_dropped,
     sampling_checks.check_eos,
     collapse_checks.check_negative_entropy_bonus,

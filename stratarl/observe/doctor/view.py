@@ -42,7 +42,7 @@ TRACE_COLUMNS = (
     "advantage", "ratio_mean", "ratio_min", "ratio_max", "staleness", "weight_version", "trained_version",
     "parse_failures", "tool_calls", "trajectory_id", "action_tokens", "response_tokens", "group_has_signal",
     "uid", "response_ids", "sampling", "tool_errors", "data_source", "teacher_log_prob_mean",
-    "old_log_prob_mean",
+    "old_log_prob_mean", "gateway_calls",
 )  # fmt: skip
 
 
