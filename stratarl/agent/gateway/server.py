@@ -60,7 +60,7 @@ class Gateway:
         tool_format: str = "hermes",
         seed: int | None = None,
         api_key: str | None = None,
-        keep_sampled_ids: bool = False,
+        keep_sampled_ids: bool,  # agent.gateway.keep_sampled_ids: the setting holds the one default
     ) -> None:
         self.renderer, self.tokenizer = renderer, renderer.tokenizer
         self.keep_sampled_ids = keep_sampled_ids

@@ -34,7 +34,8 @@ def engine(tokenizer):
 
 
 def serve(engine, renderer, **kwargs) -> Gateway:
-    defaults = {"sampling": SamplingParams(max_tokens=8), "max_prompt_tokens": 256, "seed": 3}
+    defaults = {"sampling": SamplingParams(max_tokens=8), "max_prompt_tokens": 256, "seed": 3,
+                "keep_sampled_ids": False}  # fmt: skip
     return Gateway(engine, renderer, **(defaults | kwargs))
 
 
