@@ -227,18 +227,20 @@ def test_an_episode_past_its_deadline_is_cancelled_and_counted(engine, renderer)
 
     async def slow_agent(base_url, api_key, row):
         client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        await client.chat.completions.create(model="m", messages=QUESTION)
-        if row["slow"]:
-            try:
+        try:
+            await client.chat.completions.create(model="m", messages=QUESTION)
+            if row["slow"]:
                 await asyncio.sleep(60)
-            finally:
+        finally:  # also when the deadline falls inside the call (a loaded machine)
+            if row["slow"]:
                 late_calls.append(base_url)
         return 1.0
 
     async def main():
         async with serve(engine, renderer) as gateway:
             rows = [{"slow": False}, {"slow": True}]
-            captures = await run_episodes(gateway, slow_agent, rows, timeout_s=1.0, max_concurrent=8)
+            # a deadline far above one call of the tiny engine (ms), far below the slow episode's 60 s
+            captures = await run_episodes(gateway, slow_agent, rows, timeout_s=5.0, max_concurrent=8)
             client = AsyncOpenAI(base_url=late_calls[0], api_key=gateway.api_key, max_retries=0)
             with pytest.raises(NotFoundError, match="has ended"):  # a cancelled episode takes no more calls
                 await client.chat.completions.create(model="m", messages=QUESTION)
