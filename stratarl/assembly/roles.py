@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from stratarl.algo.distillation import get_distillation_loss
 from stratarl.assembly.datasets import eos_token_ids
 from stratarl.cluster.critic_group import CriticWorkerGroup
 from stratarl.cluster.placement import PlacementPlan, WorkerSizes, make_plan
@@ -141,7 +142,8 @@ def teacher_spec(cfg: RunConfig) -> ReferenceSpec | None:
     if not d.enabled:
         return None
     batching = BatchingSpec(d.trajectories_per_micro_batch, r.max_tokens_per_micro_batch, r.layout)
-    return ReferenceSpec(batching, r.logit_chunk_size, model_spec(cfg, d.teacher_model_path))
+    top_k = d.topk if get_distillation_loss(d.loss_mode).uses_top_k else 0
+    return ReferenceSpec(batching, r.logit_chunk_size, model_spec(cfg, d.teacher_model_path), top_k)
 
 
 def process_group_backend(cfg: RunConfig) -> str:

@@ -111,6 +111,7 @@ class PolicyWorker:
         r, t = spec.reference, spec.teacher
         self.reference = None if r is None else build_reference(frozen, self.actor, r, dp)
         self.teacher = None if t is None else build_reference(teacher, self.actor, t, dp)
+        self.teacher_top_k = 0 if t is None else t.top_k
         self._base_synced = False  # LoRA: the engine holds the base weights after the first sync
         # The colocated hand-off applies where generation and training share a GPU's memory.
         on_gpu = self.actor.device.type != "cpu"
@@ -212,11 +213,14 @@ class PolicyWorker:
         return DataProto.from_dict({"ref_log_prob": self.reference.compute_log_prob(batch)})
 
     def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
-        """log π_teacher of every response token (distillation), scored like the reference's."""
+        """log π_teacher of every response token (distillation), scored like the reference's:
+        `teacher_log_prob` [N, T], and for a top-k loss the teacher's k most likely tokens at each
+        position, `teacher_top_k_ids` and `teacher_top_k_log_probs` [N, T, k]."""
         if self.teacher is None:
             raise RuntimeError("this worker was built without a teacher model (PolicySpec.teacher=None)")
         self.release_rollout_cache()
-        return DataProto.from_dict({"teacher_log_prob": self.teacher.compute_log_prob(batch)})
+        out = self.teacher.score_responses(batch, ScoreRequest(top_k=self.teacher_top_k))
+        return DataProto.from_dict({f"teacher_{name}": column for name, column in out.items()})
 
     def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """One actor update, inside the hand-off: the rollout's KV cache released first, the optimizer

@@ -85,6 +85,7 @@ class ReferenceSpec:
     batching: BatchingSpec
     logit_chunk_size: int | None = LOGIT_CHUNK_SIZE
     model: ModelSpec | None = None  # reference.model_path: a model of its own
+    top_k: int = 0  # a teacher for forward_kl_topk: also its distillation.topk most likely tokens
 
 
 @dataclass(frozen=True)

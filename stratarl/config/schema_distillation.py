@@ -62,6 +62,17 @@ class DistillationConfig:
     clip_ratio_high: float = setting(
         0.2, "ε_high of the policy-gradient form's PPO clip", verl=f"{DL}.clip_ratio_high"
     )
+    topk: int = setting(
+        32,
+        "forward_kl_topk: tokens per response position the teacher hands over (its K most likely); the "
+        "batch carries [N, T, K] ids and log-probs, N·T·K·12 bytes",
+        verl=f"{DL}.topk",
+    )
+    log_prob_min_clamp: float | None = setting(
+        None,
+        "forward_kl_topk: both log-probs clamped from below at this value before the KL; null: no clamp",
+        verl=f"{DL}.log_prob_min_clamp",
+    )
     trajectories_per_micro_batch: int = setting(
         16,
         "trajectories per teacher forward pass when computing teacher_log_prob (its token budget, "
@@ -79,12 +90,6 @@ def distillation_problems(
         return []
     problems = []
     kind = catalog.DISTILLATION_LOSS_KINDS.get(d.loss_mode)  # unknown names: `registries()`
-    if kind is not None and kind[0]:
-        message = (
-            f"loss_mode={d.loss_mode!r} is not built in the trainer yet (the teacher's top-k and the "
-            "student's log-probs at those ids in its update); use a sampled-token loss such as 'k3'"
-        )
-        problems.append(ConfigProblem((f"{D}.loss_mode",), message))
     if kind is not None and not kind[1] and not d.use_policy_gradient:
         message = (
             f"loss_mode={d.loss_mode!r} backpropagated directly does not depend on the teacher "
@@ -97,6 +102,7 @@ def distillation_problems(
         (not 0 <= d.clip_ratio_low < 1, "clip_ratio_low", "must be in [0, 1)"),
         (d.clip_ratio_high < 0, "clip_ratio_high", "must be ≥ 0"),
         (d.trajectories_per_micro_batch < 1, "trajectories_per_micro_batch", "must be ≥ 1"),
+        (d.topk < 1, "topk", "must be ≥ 1"),
     ]
     problems += [ConfigProblem((f"{D}.{key}",), message) for bad, key, message in ranges if bad]
     if backend != "in-process":
@@ -108,7 +114,18 @@ def distillation_problems(
         )
     elif check_paths:
         problems += _vocabulary_problems(d.teacher_model_path, model_path)
+        problems += _top_k_problems(d, model_path)
     return problems
+
+
+def _top_k_problems(d: DistillationConfig, student: str) -> list[ConfigProblem]:
+    """A top-k loss keeps K ≤ V tokens per position."""
+    kind = catalog.DISTILLATION_LOSS_KINDS.get(d.loss_mode)
+    vocab = _vocab_size(student)
+    if kind is None or not kind[0] or vocab is None or d.topk <= vocab:
+        return []
+    message = f"topk={d.topk} exceeds the vocabulary of model.path={student} ({vocab} tokens)"
+    return [ConfigProblem((f"{D}.topk", "model.path"), message)]
 
 
 def _vocabulary_problems(teacher: str, student: str) -> list[ConfigProblem]:

@@ -1,6 +1,5 @@
 """Layer 1, config: how verl's `distillation.*` keys (on-policy distillation) become ours — the one
-teacher, the loss settings, and what is not built here (several teachers, the top-k loss's knobs
-only matter for forward_kl_topk, which validation refuses).
+teacher, the loss settings (the top-k loss's too), and what is not built here (several teachers).
 
 Torch-free; `verl_translation` joins this table with the others.
 """
@@ -52,6 +51,8 @@ TRANSLATIONS: list[Translation] = [
         f"{DL}.clip_ratio",
         compute=_clip("clip_ratio_low"),
     ),
+    _t("distillation.topk", f"{DL}.topk"),
+    _t("distillation.log_prob_min_clamp", f"{DL}.log_prob_min_clamp"),
     _t(
         "distillation.clip_ratio_high",
         f"{DL}.clip_ratio_high",
@@ -60,12 +61,11 @@ TRANSLATIONS: list[Translation] = [
     ),
 ]
 
-_TOP_K_ONLY = "read only by loss_mode=forward_kl_topk, which the trainer here refuses (not built yet)"
-
 NO_EFFECT: list[NoEffect] = [
     NoEffect(
-        (f"{DL}.topk", f"{DL}.log_prob_min_clamp", f"{DL}.use_chunked_topk", f"{DL}.chunked_topk_chunk_size"),
-        _TOP_K_ONLY,
+        (f"{DL}.use_chunked_topk", f"{DL}.chunked_topk_chunk_size"),
+        "forward_kl_topk's log-probs are always made a chunk of logits at a time here "
+        "(actor.logit_chunk_size rows for the student, reference.logit_chunk_size for the teacher)",
     ),
     NoEffect(
         (f"{D}.n_gpus_per_node", f"{D}.nnodes", f"{TEACHER}.num_replicas", f"{TEACHER}.inference.*"),

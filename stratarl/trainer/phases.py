@@ -160,8 +160,9 @@ def ref_log_prob(worker: PolicyHandle, batch: DataProto) -> DataProto:
 def teacher_log_prob(worker: PolicyHandle, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
     """log π_teacher of every response token under the frozen distillation teacher, and its mean
     over the response tokens (`distillation/teacher_log_prob_mean`)."""
-    batch = batch.union(worker.compute_teacher_log_prob(batch))
-    validate(batch, writes=["teacher_log_prob"], phase="teacher.log_prob")
+    scored = worker.compute_teacher_log_prob(batch)
+    batch = batch.union(scored)
+    validate(batch, writes=list(scored.columns), phase="teacher.log_prob")
     mask = batch["response_mask"].bool()
     mean = batch["teacher_log_prob"][mask].mean().item() if mask.any() else 0.0
     return batch, {"distillation/teacher_log_prob_mean": mean}
@@ -229,7 +230,9 @@ def update_actor(
     reads += [] if from_forward else ["old_log_probs"]
     validate(batch, reads=[*reads, "advantages"], phase="actor.update")
     entropy = loss_fn.needs_entropy or from_forward
-    request = UpdateRequest(mini_batch_size, epochs, shuffle_seed=seed, with_entropy=entropy)
+    request = UpdateRequest(
+        mini_batch_size, epochs, shuffle_seed=seed, with_entropy=entropy, score_at_ids=loss_fn.scores_at_ids
+    )
     metrics = worker.update_actor(batch, loss_fn, request)
     # Engine metrics (grad_norm, lr) get verl's `actor/` prefix; the loss's own metrics are already
     # named (`actor/pg_loss`, `rollout_corr/...`).

@@ -1,6 +1,6 @@
-"""verl's `distillation.*` keys as ours: the teacher and the loss settings translate, the top-k and
-pool knobs are recorded as having no effect, a second teacher is refused, and our validation's
-refusals (k1 backpropagated, forward_kl_topk) come back in verl's names."""
+"""verl's `distillation.*` keys as ours: the teacher and the loss settings (the top-k loss's too)
+translate, its chunking and the pool knobs are recorded as having no effect, a second teacher is
+refused, and our validation's refusal of k1 backpropagated comes back in verl's names."""
 
 import pytest
 
@@ -43,13 +43,16 @@ def test_verls_defaults_are_ours_when_distillation_is_off():
     assert (d.enabled, d.loss_mode, d.use_policy_gradient, d.loss_max_clamp) == (False, "k3", False, None)
 
 
-def test_top_k_knobs_have_no_effect_and_a_second_teacher_is_refused():
-    translation = translate(read_verl_args([f"{DL}.topk=64", f"{DL}.log_prob_min_clamp=-5"]))
+def test_the_top_k_settings_translate_and_its_chunking_knobs_have_no_effect():
+    d = ours(f"{DL}.loss_mode=forward_kl_topk", f"{DL}.topk=64", f"{DL}.log_prob_min_clamp=-5").distillation
+    assert (d.loss_mode, d.topk, d.log_prob_min_clamp) == ("forward_kl_topk", 64, -5.0)
+    translation = translate(read_verl_args([f"+{DL}.use_chunked_topk=true"]))
     recorded = {r["verl_key"]: r for r in translation.records}
-    assert (
-        recorded[f"{DL}.topk"]["class"] == "no effect"
-        and "forward_kl_topk" in recorded[f"{DL}.topk"]["reason"]
-    )
+    assert recorded[f"{DL}.use_chunked_topk"]["class"] == "no effect"
+    assert "logit_chunk_size" in recorded[f"{DL}.use_chunked_topk"]["reason"]
+
+
+def test_a_second_teacher_is_refused():
     with pytest.raises(ConfigError) as err:
         ours("+distillation.teacher_models.teacher_model2.model_path=/m2")
     assert "several teachers" in str(err.value)
@@ -59,7 +62,6 @@ def test_top_k_knobs_have_no_effect_and_a_second_teacher_is_refused():
     ("overrides", "named"),
     [
         ([f"{DL}.loss_mode=k1", f"{DL}.use_policy_gradient=false"], "use_policy_gradient"),
-        ([f"{DL}.loss_mode=forward_kl_topk"], "not built in the trainer yet"),
     ],
 )
 def test_our_validation_refuses_what_is_not_built(overrides, named):
