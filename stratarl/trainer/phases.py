@@ -17,6 +17,7 @@ from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
 from stratarl.cluster.handles import (
+    DEFAULT_TEACHER,
     CriticCompute,
     CriticHandle,
     PolicyCompute,
@@ -157,15 +158,38 @@ def ref_log_prob(worker: PolicyHandle, batch: DataProto) -> DataProto:
     return batch
 
 
-def teacher_log_prob(worker: PolicyHandle, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
-    """log π_teacher of every response token under the frozen distillation teacher, and its mean
-    over the response tokens (`distillation/teacher_log_prob_mean`)."""
-    scored = worker.compute_teacher_log_prob(batch)
+def teacher_log_prob(
+    worker: PolicyHandle, batch: DataProto, teacher_sources: frozenset[str] = frozenset()
+) -> tuple[DataProto, dict[str, float]]:
+    """log π_teacher of every response token under the frozen distillation teacher of its row — the
+    teacher of its data_source where `teacher_sources` has one, else the default teacher — and its
+    mean over the response tokens (`distillation/teacher_log_prob_mean`)."""
+    groups = teacher_groups(batch["data_source"] if teacher_sources else None, teacher_sources, len(batch))
+    if len(groups) == 1:
+        (name,) = groups
+        scored = worker.compute_teacher_log_prob(batch, name)
+    else:  # each teacher scores its rows; the rows go back in the batch's order
+        parts = {
+            name: worker.compute_teacher_log_prob(batch.take(rows), name) for name, rows in groups.items()
+        }
+        order = torch.as_tensor([i for rows in groups.values() for i in rows]).argsort()
+        scored = DataProto.concat(list(parts.values())).take(order)
     batch = batch.union(scored)
     validate(batch, writes=list(scored.columns), phase="teacher.log_prob")
     mask = batch["response_mask"].bool()
     mean = batch["teacher_log_prob"][mask].mean().item() if mask.any() else 0.0
     return batch, {"distillation/teacher_log_prob_mean": mean}
+
+
+def teacher_groups(data_sources, teacher_sources: frozenset[str], rows: int) -> dict[str, list[int]]:
+    """Teacher name -> the rows it scores: a data source's own teacher (named by the data source),
+    or DEFAULT_TEACHER for the rest (every row when `data_sources` is None)."""
+    if data_sources is None:
+        return {DEFAULT_TEACHER: list(range(rows))}
+    groups: dict[str, list[int]] = {}
+    for i, source in enumerate(data_sources):
+        groups.setdefault(source if source in teacher_sources else DEFAULT_TEACHER, []).append(i)
+    return groups
 
 
 def values(critic: CriticHandle, batch: DataProto) -> DataProto:
