@@ -70,6 +70,8 @@ def distillation_term(cfg: RunConfig) -> DistillationTerm | None:
         loss_max_clamp=d.loss_max_clamp,
         clip_ratio_low=d.clip_ratio_low,
         clip_ratio_high=d.clip_ratio_high,
+        log_prob_min_clamp=d.log_prob_min_clamp,
+        top_k=d.topk,
     )
 
 

@@ -133,6 +133,26 @@ def check_data_sources(compute_score: Callable[..., Any], splits: dict[str, Prom
         raise ConfigError(problems)
 
 
+def check_teacher_sources(cfg: RunConfig, dataset: PromptDataset, key: str = "data.train_files") -> None:
+    """With several teachers (distillation.teachers) and no default teacher
+    (distillation.teacher_model_path empty), every training row's data_source needs a teacher."""
+    d = cfg.distillation
+    if not d.enabled or d.teacher_model_path or not d.teachers:
+        return
+    missing = _rows_by_source(dataset.items, lambda item: item.data_source not in d.teachers)
+    problems = [
+        ConfigProblem(
+            (key, "distillation.teachers", "distillation.teacher_model_path"),
+            f"data_source {source!r} has no teacher ({_rows(rows)}); teachers: "
+            f"{', '.join(sorted(d.teachers))}. Add it to distillation.teachers, or give a default "
+            "teacher in distillation.teacher_model_path",
+        )
+        for source, rows in missing.items()
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
 def check_sft_answers(dataset: PromptDataset, key: str = "data.train_files") -> None:
     """SFT trains on extra_info['answer'] (verl's SFT convention): every row of `key`'s files (the
     one SFT trains on, `sft_train_key`) needs a non-empty one."""

@@ -12,11 +12,14 @@ import dataclasses
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
+from stratarl.algo.distillation import get_distillation_loss
 from stratarl.assembly.datasets import eos_token_ids
 from stratarl.cluster.critic_group import CriticWorkerGroup
 from stratarl.cluster.placement import PlacementPlan, WorkerSizes, make_plan
 from stratarl.cluster.specs import (
+    DEFAULT_TEACHER,
     ActorSpec,
     BatchingSpec,
     CriticSpec,
@@ -27,6 +30,7 @@ from stratarl.cluster.specs import (
     PrecisionSpec,
     ReferenceSpec,
     RolloutEngineSpec,
+    TeacherSpec,
 )
 from stratarl.cluster.worker_group import PolicyWorkerGroup
 from stratarl.config import RunConfig
@@ -126,7 +130,7 @@ def policy_spec(
         )
         if cfg.uses_reference
         else None,
-        teacher=teacher_spec(cfg),
+        teacher=teacher_spec(cfg) if cfg.cluster.backend == "in-process" else None,
         lora=LoraSpec(lora.rank, lora.alpha, targets if isinstance(targets, str) else tuple(targets))
         if lora.rank > 0
         else None,
@@ -134,14 +138,24 @@ def policy_spec(
     )
 
 
-def teacher_spec(cfg: RunConfig) -> ReferenceSpec | None:
-    """The distillation teacher (distillation.enabled): a frozen model of its own, scored with the
-    reference's machinery at its own micro-batch size and the reference's chunking and layout."""
+def teacher_spec(cfg: RunConfig) -> TeacherSpec | None:
+    """The distillation teachers (distillation.enabled) by name: each data_source of
+    distillation.teachers, and DEFAULT_TEACHER for distillation.teacher_model_path. Each is a frozen
+    model of its own, scored with the reference's machinery at its own micro-batch size and the
+    reference's chunking and layout, at the rollout temperature; each must have the student's
+    vocabulary (its config's vocab_size)."""
     d, r = cfg.distillation, cfg.reference
     if not d.enabled:
         return None
     batching = BatchingSpec(d.trajectories_per_micro_batch, r.max_tokens_per_micro_batch, r.layout)
-    return ReferenceSpec(batching, r.logit_chunk_size, model_spec(cfg, d.teacher_model_path))
+    top_k = d.topk if get_distillation_loss(d.loss_mode).uses_top_k else 0
+    paths = dict(d.teachers) | ({DEFAULT_TEACHER: d.teacher_model_path} if d.teacher_model_path else {})
+    teachers = {
+        name: ReferenceSpec(batching, r.logit_chunk_size, model_spec(cfg, path), top_k)
+        for name, path in paths.items()
+    }
+    vocab = AutoConfig.from_pretrained(cfg.model.path).vocab_size
+    return TeacherSpec(teachers, temperature=cfg.rollout.temperature, vocab_size=vocab)
 
 
 def process_group_backend(cfg: RunConfig) -> str:
@@ -168,7 +182,7 @@ def build_policy_worker(
     }
     if cfg.uses_critic:  # its half of each training bundle is reserved with the plan (build_critic_worker)
         rows[("critic.prompts_per_mini_batch", "rollout.n")] = cfg.critic.prompts_per_mini_batch * n
-    return start_policy_group(
+    group = start_policy_group(
         spec,
         placement_plan(cfg),
         address=c.address,
@@ -179,12 +193,23 @@ def build_policy_worker(
         queue_units=c.transfer_queue_units,
         rows_per_rank_split=rows,
     )
+    teacher = teacher_spec(cfg)
+    if teacher is not None:  # the plan reserved its pool; its process starts beside the policy's
+        from stratarl.cluster.ray_teacher import start_teacher_beside
+
+        try:
+            start_teacher_beside(group, teacher)
+        except BaseException:
+            group.shutdown()
+            raise
+    return group
 
 
 def placement_plan(cfg: RunConfig) -> PlacementPlan:
     """cluster.placement's plan (cluster.backend=ray) for the run's roles: the policy's, for PPO the
     critic (its half of each training bundle), and a reward model's pool of its own
-    (reward.model.cpus / gpus) — all reserved when the policy group starts."""
+    (reward.model.cpus / gpus) and a distillation teacher's (distillation.cpus / gpus) — all reserved
+    when the policy group starts."""
     c, m = cfg.cluster, cfg.reward.model
     sizes = WorkerSizes(
         c.training_workers,
@@ -195,9 +220,12 @@ def placement_plan(cfg: RunConfig) -> PlacementPlan:
         c.gpus_per_rollout_replica,
         reward_model_cpus=m.cpus,
         reward_model_gpus=m.gpus,
+        teacher_cpus=cfg.distillation.cpus,
+        teacher_gpus=cfg.distillation.gpus,
     )
     roles = ["actor", "rollout"] + (["reference"] if cfg.uses_reference else [])
     roles += (["critic"] if cfg.uses_critic else []) + (["reward_model"] if m.enable else [])
+    roles += ["teacher"] if cfg.distillation.enabled else []
     return make_plan(c.placement, sizes, roles)
 
 

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from torch import Tensor
 
+from stratarl.cluster.specs import DEFAULT_TEACHER
 from stratarl.engine.checkpoint import LoadedCheckpoint
 from stratarl.engine.requests import LOG_PROBS_ONLY, CheckpointRequest, ScoreRequest, UpdateRequest
 from stratarl.engine.training import LossFn
@@ -36,6 +37,7 @@ from stratarl.rollout.weight_sync import WeightLoadReport
 from stratarl.transport.data_proto import DataProto
 
 __all__ = [
+    "DEFAULT_TEACHER",
     "CheckpointRequest",
     "CriticCompute",
     "CriticHandle",
@@ -90,7 +92,7 @@ class PolicyCompute(Protocol):
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto: ...
 
-    def compute_teacher_log_prob(self, batch: DataProto) -> DataProto: ...
+    def compute_teacher_log_prob(self, batch: DataProto, teacher: str = DEFAULT_TEACHER) -> DataProto: ...
 
     def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]: ...
 

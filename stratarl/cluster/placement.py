@@ -8,8 +8,9 @@ A role with a model and process group of its own (the critic) placed on a pool a
 process to each bundle: the processes of a bundle each ask Ray for an equal share of it (verl's
 `max_colocate_count`), so they land on the same node and the same GPU, and each uses all of the
 bundle's threads, because they take turns (the phases of a step run one after the other).
-The reward model, when a run has one, is a pool of its own in every plan: one bundle of
-reward.model.cpus / reward.model.gpus, counted and reserved with the others.
+The reward model and the distillation teacher, when a run has them, are a pool of their own each in
+every plan: one bundle of reward.model.cpus / gpus and of distillation.cpus / gpus, counted and
+reserved with the others.
 Plans are data, built by name from `PLANS`; `validate_plan` rejects an impossible plan before any
 process starts, naming the config keys to change.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-ROLES = ("actor", "rollout", "reference", "critic", "reward_model")
+ROLES = ("actor", "rollout", "reference", "critic", "reward_model", "teacher")
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement-group strategies
 # Roles hosted by processes of their own even on a shared pool (own model, own torch.distributed
 # group), with the config key that adds each to a run. The other roles share the pool's process.
@@ -114,6 +115,8 @@ class WorkerSizes:
     gpus_per_rollout_replica: float = 0.0
     reward_model_cpus: float = 1.0
     reward_model_gpus: float = 0.0
+    teacher_cpus: float = 1.0
+    teacher_gpus: float = 0.0
 
 
 # The config key that sets each `WorkerSizes` field.
@@ -126,6 +129,8 @@ SIZE_KEYS = {
     "gpus_per_rollout_replica": "cluster.gpus_per_rollout_replica",
     "reward_model_cpus": "reward.model.cpus",
     "reward_model_gpus": "reward.model.gpus",
+    "teacher_cpus": "distillation.cpus",
+    "teacher_gpus": "distillation.gpus",
 }
 TRAINING_KEYS = (
     "cluster.training_workers",
@@ -138,6 +143,7 @@ ROLLOUT_KEYS = (
     "cluster.gpus_per_rollout_replica",
 )
 REWARD_MODEL_KEYS = ("reward.model.cpus", "reward.model.gpus")
+TEACHER_KEYS = ("distillation.cpus", "distillation.gpus")
 
 
 def _bundles(count: int, cpus: float, gpus: float) -> tuple[Bundle, ...]:
@@ -157,23 +163,23 @@ def colocated_plan(
 ) -> PlacementPlan:
     """One pool of `training_workers` bundles; each process hosts every role (rollout_replicas is
     unused: every process serves generation between its training phases), a critic has a process
-    of its own on each bundle; a reward model has its pool (`reward_model_pool`)."""
-    policy_roles = [role for role in roles if role != "reward_model"]
+    of its own on each bundle; a reward model and a teacher have their pools (`OWN_POOLS`)."""
+    policy_roles = [role for role in roles if role not in OWN_POOLS]
     pool = ResourcePool(
         "policy",
         _bundles(sizes.training_workers, sizes.cpus_per_training_worker, sizes.gpus_per_training_worker),
         keys=TRAINING_KEYS,
         processes_per_bundle=processes_for(policy_roles),
     )
-    return _with_reward_model(
+    return _with_own_pools(
         PlacementPlan("colocated", (pool,), {role: "policy" for role in policy_roles}), sizes, roles
     )
 
 
 def split_plan(sizes: WorkerSizes, roles: Sequence[str] = ("actor", "rollout", "reference")) -> PlacementPlan:
-    """Rollout replicas on their own pool; a reward model on its own (`reward_model_pool`); every
+    """Rollout replicas on their own pool; a reward model and a teacher on theirs (`OWN_POOLS`); every
     other role on the training pool."""
-    policy_roles = [role for role in roles if role != "reward_model"]
+    policy_roles = [role for role in roles if role not in OWN_POOLS]
     training = ResourcePool(
         "training",
         _bundles(sizes.training_workers, sizes.cpus_per_training_worker, sizes.gpus_per_training_worker),
@@ -186,7 +192,7 @@ def split_plan(sizes: WorkerSizes, roles: Sequence[str] = ("actor", "rollout", "
         keys=ROLLOUT_KEYS,
     )
     placed = {role: "rollout" if role == "rollout" else "training" for role in policy_roles}
-    return _with_reward_model(PlacementPlan("split", (training, rollout), placed), sizes, roles)
+    return _with_own_pools(PlacementPlan("split", (training, rollout), placed), sizes, roles)
 
 
 def reward_model_pool(sizes: WorkerSizes) -> ResourcePool:
@@ -195,11 +201,23 @@ def reward_model_pool(sizes: WorkerSizes) -> ResourcePool:
     return ResourcePool("reward_model", (bundle,), keys=REWARD_MODEL_KEYS)
 
 
-def _with_reward_model(plan: PlacementPlan, sizes: WorkerSizes, roles: Sequence[str]) -> PlacementPlan:
-    if "reward_model" not in roles:
-        return plan
-    pools = (*plan.pools, reward_model_pool(sizes))
-    return PlacementPlan(plan.name, pools, {**plan.roles, "reward_model": "reward_model"})
+def teacher_pool(sizes: WorkerSizes) -> ResourcePool:
+    """The distillation teacher's pool: one process (its models are not sharded) with
+    distillation.cpus / gpus."""
+    return ResourcePool("teacher", (Bundle(sizes.teacher_cpus, sizes.teacher_gpus),), keys=TEACHER_KEYS)
+
+
+OWN_POOLS: dict[str, Callable[[WorkerSizes], ResourcePool]] = {
+    "reward_model": reward_model_pool,
+    "teacher": teacher_pool,
+}
+
+
+def _with_own_pools(plan: PlacementPlan, sizes: WorkerSizes, roles: Sequence[str]) -> PlacementPlan:
+    """`plan` with the pool of each role of `roles` that has one of its own (`OWN_POOLS`)."""
+    own = [role for role in OWN_POOLS if role in roles]
+    pools = (*plan.pools, *(OWN_POOLS[role](sizes) for role in own))
+    return PlacementPlan(plan.name, pools, {**plan.roles, **{role: role for role in own}})
 
 
 PLANS: dict[str, Callable[..., PlacementPlan]] = {"colocated": colocated_plan, "split": split_plan}

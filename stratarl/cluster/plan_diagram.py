@@ -1,10 +1,10 @@
 """Layer 3, orchestration: placement plans drawn as Mermaid flowcharts, from the plan objects themselves.
 
 docs/architecture.md shows the colocated and split plans (colocated PPO too, whose critic has a
-process of its own on each training bundle, and a run with a reward model, which has a pool of its
-own) through these drawings; the section between the markers is regenerated with
-`python -m stratarl.cluster.plan_diagram docs/architecture.md` and a test keeps it current, so the
-pictures cannot drift from the code.
+process of its own on each training bundle, and runs with a reward model or a distillation teacher,
+each of which has a pool of its own) through these drawings; the section between the markers is
+regenerated with `python -m stratarl.cluster.plan_diagram docs/architecture.md` and a test keeps it
+current, so the pictures cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ DOC_PLANS = {
         (*GRPO_ROLES, "reward_model"),
         " reward.model.enable=true",
     ),
+    "colocated-teacher": (
+        "colocated",
+        WorkerSizes(training_workers=2, cpus_per_training_worker=0.5),
+        (*GRPO_ROLES, "teacher"),
+        " distillation.enabled=true",
+    ),
 }
 
 
@@ -62,7 +68,8 @@ def render_mermaid(plan: PlacementPlan) -> str:
     in a process of its own on the same bundle), and the paths data takes: controller → processes
     (prompts, shard references), rows between the processes and the TransferQueue, collectives
     between ranks, weights to the rollout; the reward model reads conversations from the controller
-    and answers with scores (no rows in the queue)."""
+    and answers with scores (no rows in the queue); a teacher reads its rows' tokens from the queue
+    and writes its columns there."""
     lines = [
         "flowchart LR",
         '  controller["controller: the trainer process"]',
@@ -85,6 +92,11 @@ def render_mermaid(plan: PlacementPlan) -> str:
                     f"  controller <-->|conversations · scores| {pool.name}{i}"
                     for i in range(pool.world_size)
                 ]
+                continue
+            if roles == ["teacher"]:  # it reads its rows' tokens from the queue, writes its columns there
+                for i in range(pool.world_size):
+                    lines.append(f"  controller -->|shard refs| {pool.name}{i}")
+                    lines.append(f"  {pool.name}{i} <-->|tokens · teacher columns| queue")
                 continue
             generates, trains = "rollout" in roles, pool is training
             what = " · ".join(["prompts"] * generates + ["shard refs"] * trains)

@@ -30,7 +30,15 @@ from typing import Any, TypeVar
 import torch
 
 from stratarl.cluster.rollout_set import generation_requests, results_proto
-from stratarl.cluster.specs import LoraSpec, ModelSpec, PolicySpec, PrecisionSpec, ReferenceSpec
+from stratarl.cluster.specs import (
+    DEFAULT_TEACHER,
+    LoraSpec,
+    ModelSpec,
+    PolicySpec,
+    PrecisionSpec,
+    ReferenceSpec,
+)
+from stratarl.cluster.teacher_worker import TeacherWorker
 from stratarl.engine.actor import Actor, LossFn, Reference
 from stratarl.engine.checkpoint import CheckpointManager, LoadedCheckpoint
 from stratarl.engine.data_parallel import DataParallel
@@ -103,14 +111,12 @@ class PolicyWorker:
             else None
         )
         frozen = reference_model(spec, model)
-        teacher_key = "distillation.teacher_model_path"
-        teacher = None if spec.teacher is None else frozen_model(spec.teacher.model, model, teacher_key)
         if spec.lora is not None:  # only the adapters train
             model = apply_lora(model, **_lora_arguments(spec.lora))
         self.actor = build_actor(model, spec, dp)
-        r, t = spec.reference, spec.teacher
+        r = spec.reference
         self.reference = None if r is None else build_reference(frozen, self.actor, r, dp)
-        self.teacher = None if t is None else build_reference(teacher, self.actor, t, dp)
+        self.teacher = None if spec.teacher is None else TeacherWorker(spec.teacher, dp)
         self._base_synced = False  # LoRA: the engine holds the base weights after the first sync
         # The colocated hand-off applies where generation and training share a GPU's memory.
         on_gpu = self.actor.device.type != "cpu"
@@ -211,12 +217,13 @@ class PolicyWorker:
         self.release_rollout_cache()
         return DataProto.from_dict({"ref_log_prob": self.reference.compute_log_prob(batch)})
 
-    def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
-        """log π_teacher of every response token (distillation), scored like the reference's."""
+    def compute_teacher_log_prob(self, batch: DataProto, teacher: str = DEFAULT_TEACHER) -> DataProto:
+        """The distillation teacher `teacher`'s columns of the rows (`TeacherWorker`), inside the
+        colocated hand-off like every scoring forward."""
         if self.teacher is None:
-            raise RuntimeError("this worker was built without a teacher model (PolicySpec.teacher=None)")
+            raise RuntimeError("this worker was built without teachers (PolicySpec.teacher=None)")
         self.release_rollout_cache()
-        return DataProto.from_dict({"teacher_log_prob": self.teacher.compute_log_prob(batch)})
+        return self.teacher.compute_teacher_log_prob(batch, teacher)
 
     def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """One actor update, inside the hand-off: the rollout's KV cache released first, the optimizer

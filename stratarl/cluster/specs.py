@@ -7,6 +7,7 @@ whole contract: a setting that is not in a spec cannot reach a worker.
 
     PolicySpec: model · actor (optimizer, micro-batching) · precision · LoRA · reference · rollout engine
     CriticSpec: model · optimizer · micro-batching · precision · value-head seed
+    TeacherSpec: the distillation teachers by name · temperature · the student's vocabulary size
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "PrecisionSpec",
     "ReferenceSpec",
     "RolloutEngineSpec",
+    "TeacherSpec",
 ]
 
 
@@ -85,12 +87,29 @@ class ReferenceSpec:
     batching: BatchingSpec
     logit_chunk_size: int | None = LOGIT_CHUNK_SIZE
     model: ModelSpec | None = None  # reference.model_path: a model of its own
+    top_k: int = 0  # a teacher for forward_kl_topk: also its distillation.topk most likely tokens
+
+
+# The name of the teacher that scores the rows whose data_source has no teacher of its own.
+DEFAULT_TEACHER = "*"
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """What builds a `TeacherWorker`: the distillation teachers by name — a data_source value
+    (distillation.teachers) or DEFAULT_TEACHER (distillation.teacher_model_path) — each a frozen
+    model with its scoring settings; the temperature log-probs are scored at (the rollout's); the
+    student's vocabulary size, which every teacher's must equal (it scores the student's ids)."""
+
+    teachers: dict[str, ReferenceSpec]
+    temperature: float
+    vocab_size: int
 
 
 @dataclass(frozen=True)
 class PolicySpec:
     """What builds a `PolicyWorker`: the model, the actor, the engine that serves it for generation,
-    and optionally a reference (None: no KL term needs one), a distillation teacher and LoRA adapters
+    and optionally a reference (None: no KL term needs one), distillation teachers and LoRA adapters
     (None: full training).
     The actor and the reference share `precision` (they live in one process and one group)."""
 
@@ -100,7 +119,8 @@ class PolicySpec:
     actor: ActorSpec
     rollout: RolloutEngineSpec = field(default_factory=RolloutEngineSpec)
     reference: ReferenceSpec | None = None
-    teacher: ReferenceSpec | None = None  # distillation.teacher_model_path: scores teacher_log_prob
+    # distillation in the policy's process (None: no teacher there; on Ray it has a pool of its own)
+    teacher: TeacherSpec | None = None
     lora: LoraSpec | None = None
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)
 

@@ -26,7 +26,8 @@ from stratarl.cluster.queue_rows import MODEL_INPUTS
 from stratarl.cluster.ranks import InProcessRanks, Method, Ranks
 from stratarl.cluster.rollout_set import RolloutReplicas
 from stratarl.cluster.rollout_sync import ColocatedSync, RolloutSync
-from stratarl.cluster.specs import PolicySpec
+from stratarl.cluster.specs import DEFAULT_TEACHER, PolicySpec
+from stratarl.cluster.teacher_worker import TeacherWorker
 from stratarl.engine.actor import LossFn
 from stratarl.engine.checkpoint import LoadedCheckpoint
 from stratarl.engine.requests import LOG_PROBS_ONLY, CheckpointRequest, ScoreRequest, UpdateRequest
@@ -122,6 +123,7 @@ class PolicyWorkerGroup(RankGroup):
         self.rollout_sync: RolloutSync = ColocatedSync() if rollout_sync is None else rollout_sync
         self.path: RowPath = DirectDispatch() if path is None else path
         self.deployment = deployment
+        self.teacher_ranks: Ranks | None = None  # a teacher pool of its own (`place_teacher`)
 
     @classmethod
     def in_process(cls, spec: PolicySpec, *, threads: int | None = None) -> PolicyWorkerGroup:
@@ -184,10 +186,20 @@ class PolicyWorkerGroup(RankGroup):
             self.ranks, "reference.log_prob", PolicyWorker.compute_ref_log_prob, batch, SCORING_COLUMNS
         )
 
-    def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
-        return self.path.score(
-            self.ranks, "teacher.log_prob", PolicyWorker.compute_teacher_log_prob, batch, SCORING_COLUMNS
-        )
+    def compute_teacher_log_prob(self, batch: DataProto, teacher: str = DEFAULT_TEACHER) -> DataProto:
+        """The rows scored by the distillation teacher named `teacher`: on the policy's ranks
+        (`PolicyWorker.compute_teacher_log_prob`), or on the teacher's own process where the plan
+        gives it a pool (`TeacherWorker.compute_teacher_log_prob`); both read only the model inputs."""
+        if self.teacher_ranks is None:
+            ranks, method = self.ranks, PolicyWorker.compute_teacher_log_prob
+        else:
+            ranks, method = self.teacher_ranks, TeacherWorker.compute_teacher_log_prob
+        return self.path.score(ranks, "teacher.log_prob", method, batch, SCORING_COLUMNS, teacher)
+
+    def place_teacher(self, ranks: Ranks) -> None:
+        """Score the teacher phase on `ranks` (processes holding a `TeacherWorker`, on the plan's
+        teacher pool) from now on; they stop with the group."""
+        self.teacher_ranks = ranks
 
     def update_actor(self, batch: DataProto, loss_fn: LossFn, request: UpdateRequest) -> dict[str, float]:
         """Each rank updates on its share of every global mini-batch; rank 0's metrics (`_update_ranks`)."""
@@ -240,11 +252,19 @@ class PolicyWorkerGroup(RankGroup):
         return traffic | self.path.held_metrics()
 
     def arm_stack_dumps(self, folder: str | Path) -> list[str]:
-        """Have every process of the group (ranks, and the rollout replicas of a split plan) dump its
-        stacks on request from now on (`RayRanks`, `RolloutReplicas`)."""
-        return self.ranks.arm_stack_dumps(folder) + self.rollout_sync.arm_stack_dumps(self.engines, folder)
+        """Have every process of the group (ranks, the rollout replicas of a split plan, a teacher of
+        its own) dump its stacks on request from now on (`RayRanks`, `RolloutReplicas`)."""
+        lines = self.ranks.arm_stack_dumps(folder) + self.rollout_sync.arm_stack_dumps(self.engines, folder)
+        return lines + (self.teacher_ranks.arm_stack_dumps(folder) if self.teacher_ranks else [])
 
     def dump_stacks(self, folder: str | Path, header: str) -> list[str]:
         """Every armed process's stacks into `folder`; a line per process for the hang report."""
         lines = self.ranks.dump_stacks(folder, header)
+        lines += self.teacher_ranks.dump_stacks(folder, header) if self.teacher_ranks else []
         return lines + self.rollout_sync.dump_stacks(self.engines, folder, header)
+
+    def shutdown(self) -> None:
+        """Stop a teacher of its own, then the ranks and what was started for them (`RankGroup`)."""
+        if self.teacher_ranks is not None:
+            self.teacher_ranks.stop()
+        super().shutdown()

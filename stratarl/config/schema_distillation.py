@@ -2,7 +2,8 @@
 
 With `distillation.enabled` a frozen teacher scores every response token the student sampled
 (`teacher_log_prob`), and the actor adds a distillation loss (`stratarl.algo.distillation`) to its
-objective — or trains on it alone (use_task_rewards=false).
+objective — or trains on it alone (use_task_rewards=false). `teachers` gives several teachers, one per
+data_source, with `teacher_model_path` as the default one.
 """
 
 from __future__ import annotations
@@ -29,13 +30,22 @@ class DistillationConfig:
     teacher_model_path: str = setting(
         "",
         "directory of the teacher model; it scores the student's token ids, so its vocabulary must be "
-        "the student's (model.path)",
+        "the student's (model.path). With distillation.teachers: the default teacher of the rows whose "
+        "data_source has none there (empty: no default, such a row is refused at data loading)",
         verl=f"{D}.teacher_models.teacher_model.model_path",
+    )
+    teachers: dict[str, str] = setting(
+        {},
+        "several teachers keyed by data_source: {data_source value: teacher model directory}; each "
+        "training row is scored by the teacher of its data_source (every vocabulary must be the "
+        "student's)",
+        verl=f"{D}.teacher_models.<name>.key / .model_path",
     )
     loss_mode: str = setting(
         "k3",
         "distillation loss: k1/kl, abs, k2/mse, k3/low_var_kl estimate KL(π_θ‖π_teacher) on the sampled "
-        "token (docs/algorithms/distillation.md)",
+        "token; forward_kl_topk is KL(π_teacher‖π_θ) on the teacher's topk tokens "
+        "(docs/algorithms/distillation.md)",
         verl=f"{DL}.loss_mode",
     )
     use_policy_gradient: bool = setting(
@@ -62,6 +72,24 @@ class DistillationConfig:
     clip_ratio_high: float = setting(
         0.2, "ε_high of the policy-gradient form's PPO clip", verl=f"{DL}.clip_ratio_high"
     )
+    topk: int = setting(
+        32,
+        "forward_kl_topk: tokens per response position the teacher hands over (its K most likely); the "
+        "batch carries [N, T, K] ids and log-probs, N·T·K·12 bytes",
+        verl=f"{DL}.topk",
+    )
+    log_prob_min_clamp: float | None = setting(
+        None,
+        "forward_kl_topk: both log-probs clamped from below at this value before the KL; null: no clamp",
+        verl=f"{DL}.log_prob_min_clamp",
+    )
+    cpus: float = setting(
+        1.0,
+        "cluster.backend=ray: CPUs of the teacher's process (the placement plan's teacher pool, one bundle)",
+    )
+    gpus: float = setting(
+        0.0, "cluster.backend=ray: GPUs of the teacher's process (its models then on that GPU)"
+    )
     trajectories_per_micro_batch: int = setting(
         16,
         "trajectories per teacher forward pass when computing teacher_log_prob (its token budget, "
@@ -73,18 +101,13 @@ def distillation_problems(
     d: DistillationConfig, *, model_path: str, backend: str, check_paths: bool = True
 ) -> list[ConfigProblem]:
     """The problems of `distillation.*` (part of `validate_config`), each naming its keys. Every
-    trainer.mode is accepted: the teacher phase runs in the training half of the step, on the
-    batch's tokens whatever weight version generated them."""
+    trainer.mode and both backends are accepted: the teacher phase runs in the training half of the
+    step, on the batch's tokens whatever weight version generated them (on Ray in a process of its
+    own, on the plan's teacher pool)."""
     if not d.enabled:
         return []
     problems = []
     kind = catalog.DISTILLATION_LOSS_KINDS.get(d.loss_mode)  # unknown names: `registries()`
-    if kind is not None and kind[0]:
-        message = (
-            f"loss_mode={d.loss_mode!r} is not built in the trainer yet (the teacher's top-k and the "
-            "student's log-probs at those ids in its update); use a sampled-token loss such as 'k3'"
-        )
-        problems.append(ConfigProblem((f"{D}.loss_mode",), message))
     if kind is not None and not kind[1] and not d.use_policy_gradient:
         message = (
             f"loss_mode={d.loss_mode!r} backpropagated directly does not depend on the teacher "
@@ -97,21 +120,46 @@ def distillation_problems(
         (not 0 <= d.clip_ratio_low < 1, "clip_ratio_low", "must be in [0, 1)"),
         (d.clip_ratio_high < 0, "clip_ratio_high", "must be ≥ 0"),
         (d.trajectories_per_micro_batch < 1, "trajectories_per_micro_batch", "must be ≥ 1"),
+        (d.topk < 1, "topk", "must be ≥ 1"),
     ]
     problems += [ConfigProblem((f"{D}.{key}",), message) for bad, key, message in ranges if bad]
-    if backend != "in-process":
-        message = "the teacher runs in the in-process backend only so far (no Ray teacher pool yet)"
-        problems.append(ConfigProblem((f"{D}.enabled", "cluster.backend"), message))
-    if not d.teacher_model_path:
+    if d.cpus <= 0 and d.gpus <= 0 and backend == "ray":
         problems.append(
-            ConfigProblem((f"{D}.teacher_model_path",), "distillation needs a teacher model directory")
+            ConfigProblem((f"{D}.cpus", f"{D}.gpus"), "the teacher's process needs some CPU or GPU")
         )
-    elif check_paths:
-        problems += _vocabulary_problems(d.teacher_model_path, model_path)
+    if not d.teacher_model_path and not d.teachers:
+        message = "distillation needs a teacher model directory (or distillation.teachers by data_source)"
+        problems.append(ConfigProblem((f"{D}.teacher_model_path",), message))
+    problems += [
+        ConfigProblem((f"{D}.teachers.{source}",), "needs a teacher model directory")
+        for source, path in d.teachers.items()
+        if not path
+    ]
+    if check_paths:
+        for key, path in teacher_paths(d).items():
+            problems += _vocabulary_problems(key, path, model_path)
+        problems += _top_k_problems(d, model_path)
     return problems
 
 
-def _vocabulary_problems(teacher: str, student: str) -> list[ConfigProblem]:
+def teacher_paths(d: DistillationConfig) -> dict[str, str]:
+    """Each teacher's config key -> its model directory (the default teacher's key is
+    distillation.teacher_model_path)."""
+    paths = {f"{D}.teachers.{source}": path for source, path in d.teachers.items() if path}
+    return paths | ({f"{D}.teacher_model_path": d.teacher_model_path} if d.teacher_model_path else {})
+
+
+def _top_k_problems(d: DistillationConfig, student: str) -> list[ConfigProblem]:
+    """A top-k loss keeps K ≤ V tokens per position."""
+    kind = catalog.DISTILLATION_LOSS_KINDS.get(d.loss_mode)
+    vocab = _vocab_size(student)
+    if kind is None or not kind[0] or vocab is None or d.topk <= vocab:
+        return []
+    message = f"topk={d.topk} exceeds the vocabulary of model.path={student} ({vocab} tokens)"
+    return [ConfigProblem((f"{D}.topk", "model.path"), message)]
+
+
+def _vocabulary_problems(key: str, teacher: str, student: str) -> list[ConfigProblem]:
     """The teacher scores the student's token ids: both config.json must give the same vocab_size.
     (Missing directories and files are reported by the model-directory checks.)"""
     sizes = [_vocab_size(path) for path in (teacher, student)]
@@ -121,7 +169,7 @@ def _vocabulary_problems(teacher: str, student: str) -> list[ConfigProblem]:
         f"the teacher {teacher} has a vocabulary of {sizes[0]} tokens, the student model.path={student} "
         f"{sizes[1]}; the teacher scores the student's token ids, so both need the same tokenizer"
     )
-    return [ConfigProblem((f"{D}.teacher_model_path", "model.path"), message)]
+    return [ConfigProblem((key, "model.path"), message)]
 
 
 def _vocab_size(path: str) -> int | None:

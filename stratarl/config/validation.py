@@ -350,6 +350,9 @@ def _path_problems(cfg: RunConfig) -> list[ConfigProblem]:
         path = get_by_key(cfg, key)
         if needed and path:
             problems += model_dir_problems(key, path)
+    if cfg.distillation.enabled:
+        for source, path in cfg.distillation.teachers.items():
+            problems += model_dir_problems(f"distillation.teachers.{source}", path) if path else []
     rm = cfg.reward.model
     tokenizers = [  # (key, its value, the model directory read when it is empty)
         ("model.tokenizer_path", cfg.model.tokenizer_path, ("model.path", cfg.model.path)),

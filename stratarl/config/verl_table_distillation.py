@@ -1,6 +1,6 @@
 """Layer 1, config: how verl's `distillation.*` keys (on-policy distillation) become ours — the one
-teacher, the loss settings, and what is not built here (several teachers, the top-k loss's knobs
-only matter for forward_kl_topk, which validation refuses).
+teacher or several keyed by data_source (`teacher_models.<name>.key`), the loss settings (the top-k
+loss's too), and the pool and inference knobs that have no effect here.
 
 Torch-free; `verl_translation` joins this table with the others.
 """
@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from stratarl.config.verl_args import VerlArgs
-from stratarl.config.verl_rules import NoEffect, Refused, Translation, none_if_empty, text_or_empty
+from stratarl.config.verl_rules import (
+    NoEffect,
+    NoVerlForm,
+    Refused,
+    RefusedValue,
+    Translation,
+    none_if_empty,
+    text_or_empty,
+)
 
 D, DL = "distillation", "distillation.distillation_loss"
 TEACHER = "distillation.teacher_models.teacher_model"
@@ -32,14 +40,73 @@ def _clip(bound: str) -> Any:
     return clip
 
 
+def _entries(args: VerlArgs) -> dict[str, dict[str, Any]]:
+    """verl's teacher_models entries: name -> {key, model_path} (what the routing reads)."""
+    entries: dict[str, dict[str, Any]] = {}
+    for rest, value in args.subtree(f"{D}.teacher_models").items():
+        name, _, leaf = rest.partition(".")
+        if leaf in ("key", "model_path"):
+            entries.setdefault(name, {})[leaf] = value
+    return entries
+
+
+def _several(args: VerlArgs) -> dict[str, dict[str, Any]]:
+    """The entries of several teachers (verl drops the default entry teacher_model then); {} for one."""
+    entries = _entries(args)
+    return {name: e for name, e in entries.items() if name != "teacher_model"} if len(entries) > 1 else {}
+
+
+def _one_teacher(args: VerlArgs) -> str:
+    """The one teacher's model_path; empty with several teachers (verl has no default teacher)."""
+    return "" if _several(args) else text_or_empty(f"{TEACHER}.model_path")(args)
+
+
+def _teachers(args: VerlArgs) -> dict[str, str]:
+    """Several teachers: each entry's key (a data_source value) -> its model_path."""
+    teachers: dict[str, str] = {}
+    for name, entry in _several(args).items():
+        key = entry.get("key")
+        if not key:
+            raise RefusedValue(
+                f"teacher {name!r} has no key (the data_source it scores)",
+                f"{D}.teacher_models.{name}.key=<data_source>",
+            )
+        if str(key) in teachers:
+            raise RefusedValue(f"two teachers have the key {key!r}", "one teacher per data_source")
+        teachers[str(key)] = "" if entry.get("model_path") is None else str(entry["model_path"])
+    return teachers
+
+
+def _teachers_back(teachers: dict[str, str], cfg: Any) -> dict[str, Any]:
+    if not teachers:
+        return {}
+    if cfg.distillation.teacher_model_path:
+        raise NoVerlForm("verl has no default teacher beside teachers keyed by data_source")
+    out: dict[str, Any] = {}
+    for i, (source, path) in enumerate(sorted(teachers.items()), start=1):
+        out |= {
+            f"{D}.teacher_models.teacher_{i}.key": source,
+            f"{D}.teacher_models.teacher_{i}.model_path": path,
+        }
+    return out
+
+
 TRANSLATIONS: list[Translation] = [
     _t("distillation.enabled", f"{D}.enabled"),
     _t(
         "distillation.teacher_model_path",
         f"{TEACHER}.model_path",
-        compute=text_or_empty(f"{TEACHER}.model_path"),
-        how="the one teacher; null → empty",
+        compute=_one_teacher,
+        how="the one teacher; null → empty; with several teachers: empty (no default teacher)",
         back=none_if_empty(f"{TEACHER}.model_path"),
+    ),
+    Translation(
+        "distillation.teachers",
+        (),
+        _teachers,
+        "several teachers: {teacher_models.<name>.key: teacher_models.<name>.model_path}; one teacher: {}",
+        subtrees=(f"{D}.teacher_models",),
+        back=_teachers_back,
     ),
     _t("distillation.loss_mode", f"{DL}.loss_mode"),
     _t("distillation.use_policy_gradient", f"{DL}.use_policy_gradient"),
@@ -52,6 +119,8 @@ TRANSLATIONS: list[Translation] = [
         f"{DL}.clip_ratio",
         compute=_clip("clip_ratio_low"),
     ),
+    _t("distillation.topk", f"{DL}.topk"),
+    _t("distillation.log_prob_min_clamp", f"{DL}.log_prob_min_clamp"),
     _t(
         "distillation.clip_ratio_high",
         f"{DL}.clip_ratio_high",
@@ -60,21 +129,27 @@ TRANSLATIONS: list[Translation] = [
     ),
 ]
 
-_TOP_K_ONLY = "read only by loss_mode=forward_kl_topk, which the trainer here refuses (not built yet)"
-
 NO_EFFECT: list[NoEffect] = [
     NoEffect(
-        (f"{DL}.topk", f"{DL}.log_prob_min_clamp", f"{DL}.use_chunked_topk", f"{DL}.chunked_topk_chunk_size"),
-        _TOP_K_ONLY,
+        (f"{DL}.use_chunked_topk", f"{DL}.chunked_topk_chunk_size"),
+        "forward_kl_topk's log-probs are always made a chunk of logits at a time here "
+        "(actor.logit_chunk_size rows for the student, reference.logit_chunk_size for the teacher)",
     ),
     NoEffect(
-        (f"{D}.n_gpus_per_node", f"{D}.nnodes", f"{TEACHER}.num_replicas", f"{TEACHER}.inference.*"),
-        "the teacher's resource pool and inference engine: here it scores in the policy's process with "
-        "the reference's forward, at the rollout temperature",
+        (
+            f"{D}.n_gpus_per_node",
+            f"{D}.nnodes",
+            f"{D}.teacher_models.*.num_replicas",
+            f"{D}.teacher_models.*.inference.*",
+            f"{D}.teacher_models.*._target_",
+        ),
+        "the teacher's resource pool and inference engine: here it scores with the reference's forward "
+        "at the rollout temperature, in the policy's process (in-process) or in one process of its own "
+        "on Ray (distillation.cpus / distillation.gpus)",
     ),
     NoEffect(
-        (f"{TEACHER}.key", f"{D}.teacher_key"),
-        "routes rows among several teachers; with the one teacher every row goes to it",
+        (f"{TEACHER}.key",),
+        "the one teacher's key: every row goes to it (with several teachers verl drops teacher_model)",
     ),
 ]
 
@@ -85,8 +160,8 @@ REFUSED: list[Refused] = [
         "the default",
     ),
     Refused(
-        (f"{D}.teacher_models.*",),
-        "several teachers keyed by data_source are not built here",
-        f"one teacher: {TEACHER}.model_path",
+        (f"{D}.teacher_key",),
+        "rows choose their teacher by data_source here",
+        "the default (data_source)",
     ),
 ]

@@ -54,14 +54,18 @@ RECORD_FILE = "verl_translation.json"
 
 
 def classify(key: str) -> tuple[str, Translation | NoEffect | Refused] | None:
-    """The class of verl key `key` and its rule: a translation that reads it, else the first
-    no-effect rule, else the first refusal whose patterns match; None for a key no rule covers."""
+    """The class of verl key `key` and its rule: a translation that reads it by name, else the first
+    no-effect rule, else a translation that reads its whole subtree, else the first refusal whose
+    patterns match; None for a key no rule covers."""
     for rule in TRANSLATIONS:
-        if key in rule.reads or any(key.startswith(f"{prefix}.") for prefix in rule.subtrees):
+        if key in rule.reads:
             return TRANSLATED, rule
     for rule in NO_EFFECTS:
         if matches(key, rule.patterns):
             return NO_EFFECT, rule
+    for rule in TRANSLATIONS:
+        if any(key.startswith(f"{prefix}.") for prefix in rule.subtrees):
+            return TRANSLATED, rule
     for rule in REFUSALS:
         if matches(key, rule.patterns):
             return REFUSED, rule
@@ -118,7 +122,8 @@ def translate(args: VerlArgs) -> VerlTranslation:
             problems.append(ConfigProblem((key, rule.ours), f"cannot translate {args.value(key)!r}: {err}"))
             continue
         _put(settings, rule.ours, value)
-        read = [*rule.reads, *(k for p in rule.subtrees for k in args.values if k.startswith(f"{p}."))]
+        subtree = [k for p in rule.subtrees for k in args.values if k.startswith(f"{p}.")]
+        read = [*rule.reads, *(k for k in subtree if classify(k) == (TRANSLATED, rule))]
         records += [
             _record(args, key, TRANSLATED, ours=rule.ours, our_value=value, how=rule.how) for key in read
         ]

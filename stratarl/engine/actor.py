@@ -75,7 +75,8 @@ def _score_batch(
     context: AbstractContextManager | None = None,
 ) -> dict[str, Tensor]:
     """[N, T] columns without gradients, 0 outside response_mask: `log_prob`, and `entropy` /
-    `sum_pi_squared` when the request asks for them."""
+    `sum_pi_squared` when the request asks for them; with `request.top_k`, [N, T, k] `top_k_ids`
+    (int64) and `top_k_log_probs`."""
 
     def score(inputs):
         scores = module.score(
@@ -83,9 +84,11 @@ def _score_batch(
             temperature=temperature,
             with_entropy=request.with_entropy,
             with_sum_pi_squared=request.with_sum_pi_squared,
+            top_k=request.top_k,
         )
         columns = {"log_prob": scores.log_prob, "entropy": scores.entropy}
         columns["sum_pi_squared"] = scores.sum_pi_squared
+        columns |= {"top_k_ids": scores.top_k_ids, "top_k_log_probs": scores.top_k_log_probs}
         return {name: value for name, value in columns.items() if value is not None}
 
     was_training = module.training
@@ -93,8 +96,13 @@ def _score_batch(
     with context or nullcontext():
         out = run_in_micro_batches(batch, batching, dp, score, dp.compute_device(module))
     module.train(was_training)
-    mask = batch["response_mask"].to(torch.float32)
-    return {name: value * mask for name, value in out.items()}
+    mask = batch["response_mask"].bool()
+    return {name: _masked(value, mask) for name, value in out.items()}
+
+
+def _masked(value: Tensor, mask: Tensor) -> Tensor:  # [N, T, ...], [N, T] -> 0 outside the mask
+    mask = mask.reshape(*mask.shape, *[1] * (value.dim() - mask.dim()))
+    return torch.where(mask, value, torch.zeros((), dtype=value.dtype))
 
 
 def compute_log_probs(
@@ -280,11 +288,17 @@ class Reference:
         return self.batching.micro_batch_size
 
     def compute_log_prob(self, batch: DataProto) -> Tensor:
+        return self.score_responses(batch)["log_prob"]
+
+    def score_responses(self, batch: DataProto, request: ScoreRequest = LOG_PROBS_ONLY) -> dict[str, Tensor]:
+        """One no-grad forward: [N, T] `log_prob`, and what the request asks beside it (a teacher's
+        [N, T, k] `top_k_ids` and `top_k_log_probs`); 0 outside response_mask."""
         return _score_batch(
             self.module,
             batch,
             self.batching,
             self.dp,
             temperature=self.temperature,
+            request=request,
             context=self._context(),
-        )["log_prob"]
+        )

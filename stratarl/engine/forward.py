@@ -25,6 +25,7 @@ from stratarl.engine.fused_head import (
     head_sum_pi_squared,
 )
 from stratarl.engine.packing import ModelInputs
+from stratarl.engine.top_k_head import head_log_probs_at, head_top_k
 from stratarl.engine.varlen_attention import use_varlen_attention
 
 
@@ -33,6 +34,11 @@ class ResponseScores:
     log_prob: Tensor  # [m, T], 0 where no response token
     entropy: Tensor | None  # [m, T], when asked for
     sum_pi_squared: Tensor | None = None  # [m, T] Σ_v π(v)², when asked for (OTB estimators)
+    # With `ModelInputs.score_at_ids` (the student in forward_kl_topk): [m, T, k] log π at those ids
+    # (with gradient) and [m, T, k] this model's own k most likely ids (no gradient). With a top-k
+    # request (the teacher): [m, T, k] its k most likely ids and their log π.
+    top_k_log_probs: Tensor | None = None
+    top_k_ids: Tensor | None = None
 
 
 @dataclass
@@ -89,29 +95,32 @@ class PolicyScorer(nn.Module):
         temperature: float,
         with_entropy: bool,
         with_sum_pi_squared: bool = False,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:  # [K] log π, [K] H, [K] Σπ²
+        top_k: int = 0,
+    ) -> dict[str, Tensor]:
+        """{name: [K] or [K, k]}: `log_prob`, and `entropy`, `sum_pi_squared`, `top_k_log_probs` /
+        `top_k_ids` (at `inputs.score_at_ids`, or this model's own top_k) when asked for. A dict, so a
+        data-parallel wrapper finds every output tensor."""
         hidden = _hidden_states(self.lm.get_decoder(), inputs, self.autocast_dtype)
         head = self.lm.get_output_embeddings()
+        w, b = head.weight, head.bias
         kwargs = dict(temperature=temperature, with_entropy=with_entropy, transform=self.transform)
         if self.logit_chunk_size is None:
-            log_prob, entropy = head_scores_naive(hidden, head.weight, head.bias, inputs.labels, **kwargs)
+            log_prob, entropy = head_scores_naive(hidden, w, b, inputs.labels, **kwargs)
         else:
             log_prob, entropy = head_scores(
-                hidden, head.weight, head.bias, inputs.labels, chunk_size=self.logit_chunk_size, **kwargs
+                hidden, w, b, inputs.labels, chunk_size=self.logit_chunk_size, **kwargs
             )
-        sum_pi_squared = (
-            head_sum_pi_squared(
-                hidden,
-                head.weight,
-                head.bias,
-                temperature=temperature,
-                chunk_size=self.logit_chunk_size,
-                transform=self.transform,
+        out = {"log_prob": log_prob, "entropy": entropy}
+        chunked = dict(temperature=temperature, chunk_size=self.logit_chunk_size, transform=self.transform)
+        if with_sum_pi_squared:
+            out["sum_pi_squared"] = head_sum_pi_squared(hidden, w, b, **chunked)
+        if inputs.score_at_ids is not None:
+            out["top_k_log_probs"], out["top_k_ids"] = head_log_probs_at(
+                hidden, w, b, inputs.score_at_ids, **chunked
             )
-            if with_sum_pi_squared
-            else None
-        )
-        return log_prob, entropy, sum_pi_squared
+        elif top_k:
+            out["top_k_ids"], out["top_k_log_probs"] = head_top_k(hidden, w, b, top_k, **chunked)
+        return {name: value for name, value in out.items() if value is not None}
 
     def score(
         self,
@@ -120,17 +129,25 @@ class PolicyScorer(nn.Module):
         temperature: float,
         with_entropy: bool,
         with_sum_pi_squared: bool = False,
+        top_k: int = 0,
     ) -> ResponseScores:
-        log_prob, entropy, sum_pi_squared = self(
+        out = self(
             inputs,
             temperature=temperature,
             with_entropy=with_entropy,
             with_sum_pi_squared=with_sum_pi_squared,
+            top_k=top_k,
         )
+
+        def grid(name: str, dtype: torch.dtype = torch.float32) -> Tensor | None:
+            return inputs.to_grid(out[name], dtype) if name in out else None
+
         return ResponseScores(
-            log_prob=inputs.to_grid(log_prob),
-            entropy=inputs.to_grid(entropy) if with_entropy else None,
-            sum_pi_squared=inputs.to_grid(sum_pi_squared) if with_sum_pi_squared else None,
+            log_prob=grid("log_prob"),
+            entropy=grid("entropy"),
+            sum_pi_squared=grid("sum_pi_squared"),
+            top_k_log_probs=grid("top_k_log_probs"),
+            top_k_ids=grid("top_k_ids", torch.long),
         )
 
 

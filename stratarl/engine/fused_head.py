@@ -70,7 +70,7 @@ class LogitTransform:
 IDENTITY = LogitTransform()
 
 
-def _logits(
+def head_logits(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, transform: LogitTransform
 ) -> Tensor:
     """[c, d] -> [c, V] in fp32 (the matmul in the weights' dtype, like the model's own head)."""
@@ -85,7 +85,7 @@ def _logits_into(
     temperature: float,
     transform: LogitTransform,
 ) -> Tensor:
-    """`_logits` written into `out` [c, V] fp32, a buffer reused by every chunk: a fresh [c, V] tensor per
+    """`head_logits` written into `out` [c, V] fp32, a buffer reused by every chunk: a fresh [c, V] tensor per
     chunk and per elementwise step costs more than the arithmetic once c·V·4 bytes pass the allocator's
     cache (glibc maps blocks over 32 MiB anew, so each one is page-faulted in: 48 MiB at V = 49k)."""
     h = hidden.to(weight.dtype)
@@ -203,7 +203,7 @@ def head_scores_naive(
     transform: LogitTransform = IDENTITY,
 ) -> tuple[Tensor, Tensor | None]:
     """The same quantities with all [K, V] logits in fp32 at once, autograd through every step."""
-    logits = _logits(hidden, weight, bias, temperature, transform)  # [K, V]
+    logits = head_logits(hidden, weight, bias, temperature, transform)  # [K, V]
     entropy = entropy_from_logits(logits) if with_entropy else None
     return log_prob_from_logits(logits, labels), entropy
 
@@ -223,7 +223,7 @@ def head_sum_pi_squared(
     out = hidden.new_empty(num, dtype=torch.float32)
     step = chunk_size or max(num, 1)
     for lo in range(0, num, step):
-        z = _logits(hidden[lo : lo + step], weight, bias, temperature, transform)
+        z = head_logits(hidden[lo : lo + step], weight, bias, temperature, transform)
         p = torch.softmax(z, dim=-1)  # [c, V]
         out[lo : lo + step] = (p * p).sum(dim=-1)
     return out

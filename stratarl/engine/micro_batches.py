@@ -98,7 +98,7 @@ def run_in_micro_batches(
     score: Callable[[ModelInputs], dict[str, Tensor]],
     device: torch.device | None = None,
 ) -> dict[str, Tensor]:
-    """score(inputs) -> {name: [m, T]} for every micro-batch, reassembled into {name: [N, T]} in the
+    """score(inputs) -> {name: [m, T, ...]} for every micro-batch, reassembled into {name: [N, T, ...]} in the
     original row order, where the batch is. Runs under no_grad; empty groups run on row 0 and are
     discarded. device: the model's (inputs go there, scores come back)."""
     outputs: dict[str, Tensor] = {}
@@ -111,6 +111,6 @@ def run_in_micro_batches(
             for name, grid in scores.items():
                 grid = grid.to(home)
                 if name not in outputs:
-                    outputs[name] = grid.new_zeros((len(batch), grid.shape[1]))
+                    outputs[name] = grid.new_zeros((len(batch), *grid.shape[1:]))
                 outputs[name][torch.as_tensor(rows)] = grid
     return outputs

@@ -38,6 +38,9 @@ class ModelInputs:
     response_len: int  # T
     sequence_lengths: Tensor  # [m] tokens of each row, padding excluded
     attention_kwargs: dict = field(default_factory=dict)  # packed: the rows' boundaries (varlen keywords)
+    # [K, k] token ids at which the forward also scores log π (the teacher's top-k, distillation's
+    # forward_kl_topk); None: only the labels are scored
+    score_at_ids: Tensor | None = None
 
     @property
     def real_tokens(self) -> int:
@@ -49,10 +52,11 @@ class ModelInputs:
         """Token positions the forward runs over, padding included (b·L)."""
         return self.input_ids.numel()
 
-    def to_grid(self, scores: Tensor) -> Tensor:
-        """[K] -> [m, T] in fp32, 0 where no score (padding or a token without a predecessor)."""
-        grid = scores.new_zeros((self.num_rows, self.response_len), dtype=torch.float32)
-        return grid.index_put((self.rows, self.cols), scores.to(torch.float32))
+    def to_grid(self, scores: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """[K, ...] -> [m, T, ...] in `dtype`, 0 where no score (padding or a token without a
+        predecessor)."""
+        grid = scores.new_zeros((self.num_rows, self.response_len, *scores.shape[1:]), dtype=dtype)
+        return grid.index_put((self.rows, self.cols), scores.to(dtype))
 
 
 def _scored_positions(attention_mask: Tensor, response_len: int) -> tuple[Tensor, Tensor]:

@@ -21,21 +21,26 @@ class UpdateRequest:
     mini_batch_size: rows per optimizer step (the global size at a worker group, this rank's below it).
     epochs: passes over the batch. shuffle_seed: None keeps the row order; an int shuffles every
     epoch with one seeded generator. with_entropy: the forward also computes per-token entropies
-    (an entropy bonus, or π_old taken from the update's own forward); a critic ignores it."""
+    (an entropy bonus, or π_old taken from the update's own forward); a critic ignores it.
+    score_at_ids: a batch column [N, T, k] of token ids at which the forward also scores log π
+    (`ResponseScores.top_k_log_probs`: the teacher's top-k, distillation's forward_kl_topk); None: none."""
 
     mini_batch_size: int
     epochs: int = 1
     shuffle_seed: int | None = None
     with_entropy: bool = False
+    score_at_ids: str | None = None
 
 
 @dataclass(frozen=True)
 class ScoreRequest:
     """What one no-grad scoring forward returns beside the log-probs (`Actor.score_responses`):
-    `entropy`, and Σ_v π(v)² for the optimal-token-baseline estimators (`sum_pi_squared`)."""
+    `entropy`, Σ_v π(v)² for the optimal-token-baseline estimators (`sum_pi_squared`), and the
+    model's `top_k` most likely tokens with their log-probs (a distillation teacher; 0: none)."""
 
     with_entropy: bool = False
     with_sum_pi_squared: bool = False
+    top_k: int = 0
 
 
 LOG_PROBS_ONLY = ScoreRequest()  # the default: log-probs alone

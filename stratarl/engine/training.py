@@ -16,7 +16,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -141,7 +141,7 @@ class TrainingEngine:
         row_stats: list[dict[str, Tensor]] = []  # per-row statistics of each micro-batch, in order
         r = request
         for mini in batch.make_iterator(r.mini_batch_size, epochs=r.epochs, seed=r.shuffle_seed):
-            for name, value in self._optimizer_step(mini, loss_fn, r.with_entropy, work, row_stats).items():
+            for name, value in self._optimizer_step(mini, loss_fn, r, work, row_stats).items():
                 collected[name].append(value)
         self.last_row_statistics = latest_per_row(row_stats)
         metrics = self.dp.mean({name: sum(values) / len(values) for name, values in collected.items()})
@@ -161,7 +161,7 @@ class TrainingEngine:
         self,
         mini: DataProto,
         loss_fn: LossFn,
-        with_entropy: bool,
+        request: UpdateRequest,
         work: dict[str, float],
         row_stats: list[dict[str, Tensor]],
     ) -> dict[str, float]:
@@ -172,7 +172,9 @@ class TrainingEngine:
         micro_metrics: dict[str, float] = defaultdict(float)
         for group in plan_micro_batches(mini, self.batching, self.dp):
             inputs = model_inputs(mini, group or [0], self.batching.layout, self.device)
-            scores = self._forward(inputs, with_entropy=with_entropy)
+            if request.score_at_ids is not None:
+                inputs = _scoring_at_ids(inputs, mini[request.score_at_ids], group or [0])
+            scores = self._forward(inputs, with_entropy=request.with_entropy)
             if not group:
                 self._zero_weight_pass(scores).backward()
                 continue
@@ -237,6 +239,13 @@ class TrainingEngine:
         self.dp.load_full_optimizer_state(self.module, self.optimizer, state["optimizer"])
         self.lr_schedule.load_state_dict(state["extra"]["lr_schedule"])
         self.skipped_steps = state["extra"]["skipped_steps"]
+
+
+def _scoring_at_ids(inputs: ModelInputs, ids: Tensor, rows: list[int]) -> ModelInputs:
+    """`inputs` that also score log π at `ids` [N, T, k] of the micro-batch's `rows`: [K, k] at the
+    scored positions."""
+    at = ids[torch.as_tensor(rows, dtype=torch.long)][inputs.rows.cpu(), inputs.cols.cpu()]  # [K, k]
+    return replace(inputs, score_at_ids=at.to(inputs.labels.device))
 
 
 def latest_per_row(parts: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:

@@ -49,7 +49,7 @@ class ActorLoss:
     # `row_statistics` hands it back per row (`log_prob`, `entropy`: [m, T]) as the batch's
     # old_log_probs / entropys.
     old_log_prob_from_forward: bool = False
-    distillation: DistillationTerm | None = None  # distillation.enabled: reads teacher_log_prob
+    distillation: DistillationTerm | None = None  # distillation.enabled: reads the teacher's columns
 
     @classmethod
     def from_settings(cls, policy_loss: str, settings: dict[str, Any], **kwargs: Any) -> ActorLoss:
@@ -73,8 +73,14 @@ class ActorLoss:
         group sends a rank these and nothing else."""
         old = () if self.old_log_prob_from_forward else ("old_log_probs",)
         columns = ("response_mask", *old, "advantages", "rollout_is_weights", ROW_ID)
-        columns += ("teacher_log_prob",) if self.distillation is not None else ()
+        columns += self.distillation.reads if self.distillation is not None else ()
         return columns + (("ref_log_prob",) if self.needs_reference else ())
+
+    @property
+    def scores_at_ids(self) -> str | None:
+        """The batch column of token ids the update's forward also scores log π_θ at (the
+        teacher's top-k of forward_kl_topk; `UpdateRequest.score_at_ids`), or None."""
+        return None if self.distillation is None else self.distillation.scores_at_ids
 
     def old_log_prob(self, micro: DataProto, scores) -> Tensor:
         """[m, T] log π_old: the batch's, or (old_log_prob_from_forward) this forward's detached,
@@ -97,7 +103,7 @@ class ActorLoss:
             clip_ratio_high=high,
         )
         if self.distillation is not None:
-            statistics |= self.distillation.row_statistics(micro, log_prob=scores.log_prob)
+            statistics |= self.distillation.row_statistics(micro, scores)
         if self.old_log_prob_from_forward:
             statistics["log_prob"] = old_log_prob
             if scores.entropy is not None:
@@ -157,7 +163,7 @@ class ActorLoss:
             loss, distilled = self.distillation.combine(
                 loss,
                 micro,
-                log_prob=scores.log_prob,
+                scores=scores,
                 old_log_prob=old_log_prob,
                 loss_agg_mode=self.loss_agg_mode,
                 normalizers=normalizers,

@@ -17,6 +17,7 @@ from stratarl.algo.advantages import get_advantage_estimator
 from stratarl.algo.groups import group_ids_from_uids
 from stratarl.algo.kl_control import apply_kl_penalty
 from stratarl.cluster.handles import (
+    DEFAULT_TEACHER,
     CriticCompute,
     CriticHandle,
     PolicyCompute,
@@ -157,14 +158,38 @@ def ref_log_prob(worker: PolicyHandle, batch: DataProto) -> DataProto:
     return batch
 
 
-def teacher_log_prob(worker: PolicyHandle, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
-    """log π_teacher of every response token under the frozen distillation teacher, and its mean
-    over the response tokens (`distillation/teacher_log_prob_mean`)."""
-    batch = batch.union(worker.compute_teacher_log_prob(batch))
-    validate(batch, writes=["teacher_log_prob"], phase="teacher.log_prob")
+def teacher_log_prob(
+    worker: PolicyHandle, batch: DataProto, teacher_sources: frozenset[str] = frozenset()
+) -> tuple[DataProto, dict[str, float]]:
+    """log π_teacher of every response token under the frozen distillation teacher of its row — the
+    teacher of its data_source where `teacher_sources` has one, else the default teacher — and its
+    mean over the response tokens (`distillation/teacher_log_prob_mean`)."""
+    groups = teacher_groups(batch["data_source"] if teacher_sources else None, teacher_sources, len(batch))
+    if len(groups) == 1:
+        (name,) = groups
+        scored = worker.compute_teacher_log_prob(batch, name)
+    else:  # each teacher scores its rows; the rows go back in the batch's order
+        parts = {
+            name: worker.compute_teacher_log_prob(batch.take(rows), name) for name, rows in groups.items()
+        }
+        order = torch.as_tensor([i for rows in groups.values() for i in rows]).argsort()
+        scored = DataProto.concat(list(parts.values())).take(order)
+    batch = batch.union(scored)
+    validate(batch, writes=list(scored.columns), phase="teacher.log_prob")
     mask = batch["response_mask"].bool()
     mean = batch["teacher_log_prob"][mask].mean().item() if mask.any() else 0.0
     return batch, {"distillation/teacher_log_prob_mean": mean}
+
+
+def teacher_groups(data_sources, teacher_sources: frozenset[str], rows: int) -> dict[str, list[int]]:
+    """Teacher name -> the rows it scores: a data source's own teacher (named by the data source),
+    or DEFAULT_TEACHER for the rest (every row when `data_sources` is None)."""
+    if data_sources is None:
+        return {DEFAULT_TEACHER: list(range(rows))}
+    groups: dict[str, list[int]] = {}
+    for i, source in enumerate(data_sources):
+        groups.setdefault(source if source in teacher_sources else DEFAULT_TEACHER, []).append(i)
+    return groups
 
 
 def values(critic: CriticHandle, batch: DataProto) -> DataProto:
@@ -229,7 +254,9 @@ def update_actor(
     reads += [] if from_forward else ["old_log_probs"]
     validate(batch, reads=[*reads, "advantages"], phase="actor.update")
     entropy = loss_fn.needs_entropy or from_forward
-    request = UpdateRequest(mini_batch_size, epochs, shuffle_seed=seed, with_entropy=entropy)
+    request = UpdateRequest(
+        mini_batch_size, epochs, shuffle_seed=seed, with_entropy=entropy, score_at_ids=loss_fn.scores_at_ids
+    )
     metrics = worker.update_actor(batch, loss_fn, request)
     # Engine metrics (grad_norm, lr) get verl's `actor/` prefix; the loss's own metrics are already
     # named (`actor/pg_loss`, `rollout_corr/...`).

@@ -78,6 +78,7 @@ class RLTrainer:
         preflight.check_data_sources(
             self.compute_score, {"data.train_files": self.train_set, "data.val_files": self.val_set}
         )
+        preflight.check_teacher_sources(cfg, self.train_set)  # each row's teacher (distillation.teachers)
         if cfg.agent.enable:  # each row's agent loop (agent_name) must exist
             agent_rollout.check_agent_names(self.train_set, self.val_set)
         preflight.check_prompts_per_step(cfg, self.train_set)

@@ -233,7 +233,7 @@ class RLStep:
                 batch = phases.ref_log_prob(self.worker, batch)
         if s.uses_teacher:  # distillation: the teacher scores the student's own tokens
             with timed("teacher", batch):
-                batch, scored = phases.teacher_log_prob(self.worker, batch)
+                batch, scored = phases.teacher_log_prob(self.worker, batch, s.teacher_sources)
                 metrics.add("teacher", scored)
         if self.critic is not None:
             with timed("values", batch):

@@ -62,6 +62,7 @@ class StepSettings:
     actor_warmup_steps: int  # steps the critic trains alone before the actor's first update
     uses_reference: bool  # a KL loss or KL in the reward: the ref log-prob phase runs
     uses_teacher: bool  # distillation.enabled: the teacher log-prob phase runs
+    teacher_sources: frozenset[str]  # distillation.teachers: the data sources with a teacher of their own
     loss_agg_mode: str  # the actor's, for the logged entropy
     max_prompt_tokens: int
     seed: int  # trainer.seed: every step's seeds derive from it
@@ -89,6 +90,7 @@ class StepSettings:
             actor_warmup_steps=cfg.critic.warmup_training_steps if cfg.uses_critic else 0,
             uses_reference=cfg.uses_reference,
             uses_teacher=cfg.distillation.enabled,
+            teacher_sources=frozenset(cfg.distillation.teachers),
             loss_agg_mode=cfg.actor.loss_agg_mode,
             max_prompt_tokens=cfg.data.max_prompt_tokens,
             seed=cfg.trainer.seed,

@@ -18,6 +18,7 @@ SHAPE_LETTERS: dict[str, str] = {
     "N": "rows of the batch: trajectories, N = B·n (B prompts, n samples each)",
     "P": "prompt length, left-padded",
     "T": "response length, right-padded",
+    "K": "tokens kept per position by a top-k column (distillation.topk)",
 }
 
 # dtype kind -> (description, accepted torch dtypes); None accepts a numpy array of any dtype.
@@ -153,6 +154,11 @@ FIELDS: dict[str, FieldSpec] = dict(
               "log π_ref(token) of the frozen reference policy (KL loss or KL-in-reward)"),
         _spec("teacher_log_prob", "float", "N T", _RESP, "teacher.log_prob", "actor.update metrics",
               "log π_teacher(token) of the frozen distillation teacher on the student's own tokens"),
+        _spec("teacher_top_k_ids", "int64", "N T K", _RESP, "teacher.log_prob", "actor.update",
+              "the teacher's K most likely token ids at each response position, most likely first "
+              "(distillation.loss_mode=forward_kl_topk)"),
+        _spec("teacher_top_k_log_probs", "float", "N T K", _RESP, "teacher.log_prob", "actor.update",
+              "log π_teacher of teacher_top_k_ids: the student's update scores log π_θ at the same ids"),
         _spec("values", "float", "N T", _RESP, "critic.value", "advantage critic.update metrics",
               "V(s_t): the critic's value estimate at each response position, before the update"),
         # ---- RL math --------------------------------------------------------------------------

@@ -172,3 +172,27 @@ def test_the_drawing_shows_the_reward_model_reading_from_the_controller_not_the_
     assert "controller <-->|conversations · scores| reward_model0" in drawing
     assert "reward_model0 -->|rows| queue" not in drawing
     assert drawing.count("actor · rollout · reference") == 2  # the policy's processes are unchanged
+
+
+def test_a_distillation_teacher_is_a_pool_of_its_own_counted_with_the_others():
+    sizes = WorkerSizes(training_workers=2, teacher_cpus=1, teacher_gpus=1)
+    for name in ("colocated", "split"):
+        plan = make_plan(name, sizes, roles=[*ROLES, "teacher", "reward_model"])
+        pool = plan.pool_of("teacher")
+        assert pool.name == "teacher" and pool.bundles == (Bundle(1.0, 1.0),)
+        assert plan.roles_on("teacher") == ["teacher"] and not plan.is_colocated("teacher", "actor")
+        assert plan.pool_of("reward_model").name == "reward_model"  # both own pools, side by side
+    assert "teacher" not in {p.name for p in make_plan("colocated", sizes, ROLES).pools}
+    plan = make_plan("colocated", sizes, roles=[*ROLES, "teacher"])
+    with pytest.raises(PlacementError) as caught:  # 2 training CPUs + the teacher's 1
+        validate_plan(plan, roles=ROLES, cluster_cpus=2, cluster_gpus=1)
+    messages = [p.message for p in caught.value.problems]
+    assert "the plan needs 3 CPUs (policy 2, teacher 1), the cluster has 2" in messages
+    assert {"distillation.cpus", "distillation.gpus"} <= caught.value.keys
+
+
+def test_the_drawing_shows_the_teacher_reading_its_rows_from_the_queue():
+    drawing = render_mermaid(make_plan("colocated", *DOC_PLANS["colocated-teacher"][1:3]))
+    assert 'subgraph teacher["pool teacher: 1 × {CPU 1}"]' in drawing
+    assert "controller -->|shard refs| teacher0" in drawing
+    assert "teacher0 <-->|tokens · teacher columns| queue" in drawing

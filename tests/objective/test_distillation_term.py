@@ -57,6 +57,31 @@ def test_the_loss_declares_that_it_reads_the_teacher():
     assert "teacher_log_prob" not in ActorLoss().reads
 
 
-def test_a_top_k_loss_is_refused_here():
-    with pytest.raises(ValueError, match="top-k"):
-        DistillationTerm(loss_mode="forward_kl_topk")
+def test_the_top_k_loss_reads_the_student_at_the_teacher_ids():
+    # one token, K = 2: π_T = (0.5, 0.25), log π_θ at those ids = log(0.25, 0.25):
+    # ℓ = 0.5·(ln 0.5 − ln 0.25) + 0.25·(ln 0.25 − ln 0.25) = 0.5·ln 2
+    import math as m
+
+    teacher = torch.log(torch.tensor([[[0.5, 0.25]]]))
+    batch = DataProto.from_dict(
+        {
+            "response_mask": torch.tensor([[1.0]]),
+            "old_log_probs": torch.tensor([[-1.0]]),
+            "advantages": torch.tensor([[0.0]]),
+            "teacher_log_prob": torch.tensor([[-1.0]]),
+            "teacher_top_k_ids": torch.tensor([[[3, 1]]]),
+            "teacher_top_k_log_probs": teacher,
+        }
+    )
+    scores = ResponseScores(
+        log_prob=torch.tensor([[-1.0]]),
+        entropy=None,
+        top_k_log_probs=torch.log(torch.tensor([[[0.25, 0.25]]])),
+        top_k_ids=torch.tensor([[[1, 0]]]),
+    )
+    term = DistillationTerm(loss_mode="forward_kl_topk", use_task_rewards=False)
+    loss, metrics = ActorLoss(distillation=term)(batch, scores, BatchTotals(num_tokens=1, num_sequences=1))
+    assert loss.item() == pytest.approx(0.5 * m.log(2.0))
+    assert metrics["distillation/teacher_mass"] == pytest.approx(0.75)
+    assert metrics["distillation/student_mass"] == pytest.approx(0.5)
+    assert metrics["distillation/overlap_ratio"] == pytest.approx(0.5)  # id 1 shared of K = 2

@@ -2,8 +2,8 @@
 alone each train two steps and log the teacher's log-prob and the distillation loss; the trace holds
 the teacher's log-prob and ℓ_t of every token (`stratarl trace` shows them, `--field teacher_log_prob`
 follows the field); trainer.mode=one_step_off and async train two steps with the teacher on stale
-samples; a teacher with another vocabulary and an unknown loss_mode are refused with exit code 2
-before any worker starts."""
+samples; forward_kl_topk trains two steps; a teacher with another vocabulary and an unknown
+loss_mode are refused with exit code 2 before any worker starts."""
 
 import json
 import math
@@ -134,6 +134,26 @@ def test_distillation_alone_in_the_policy_gradient_form(tiny_task, teacher, tmp_
     m = records[-1]
     assert len(records) == 2 and math.isfinite(m["distillation/loss"])
     assert "distillation/pg_clipfrac" in m
+
+
+def test_forward_kl_top_k_trains_two_steps_from_the_cli(tiny_task, teacher, tmp_path):  # noqa: F811
+    """The teacher hands over its top-8 per token, the student scores those ids in its update."""
+    extra = ["distillation.loss_mode=forward_kl_topk", "distillation.topk=8",
+             "distillation.log_prob_min_clamp=-20"]  # fmt: skip
+    assert main(["train", *distill_run(tiny_task, tmp_path, teacher, *extra)]) == 0
+    records = train_records(tmp_path)
+    assert [r["step"] for r in records] == [1, 2]
+    for m in records:
+        assert math.isfinite(m["distillation/loss"]) and m["distillation/loss"] > 0  # two random models
+        assert (
+            0 < m["distillation/teacher_mass"] <= 1 + 1e-6 and 0 < m["distillation/student_mass"] <= 1 + 1e-6
+        )
+        assert 0 <= m["distillation/overlap_ratio"] <= 1
+        assert m["distillation/teacher_log_prob_mean"] < 0
+    run_dir = tmp_path / "stratarl" / "distill_arithmetic"
+    rows = pq.read_table(run_dir / "traces" / "step_000002.parquet").to_pylist()
+    assert {row["distillation_loss_mode"] for row in rows} == {"forward_kl_topk"}
+    assert all(row["distillation_loss_mean"] >= 0 for row in rows)  # clamped at 0 per token
 
 
 def test_a_teacher_with_another_vocabulary_is_refused_naming_both_paths(tiny_task, tmp_path, capsys):  # noqa: F811

@@ -10,7 +10,7 @@ from stratarl.engine.forward import ResponseScores, ValueScores
 from stratarl.engine.training import BatchTotals
 from stratarl.transport.data_proto import DataProto
 
-N, T = 6, 5
+N, T, K = 6, 5, 3
 
 
 def full_micro() -> DataProto:
@@ -27,6 +27,8 @@ def full_micro() -> DataProto:
         "values": torch.randn(N, T, generator=g),
         "token_level_scores": torch.randn(N, T, generator=g),  # read by no loss
         "rollout_is_weights": torch.rand(N, T, generator=g) + 0.5,
+        "teacher_top_k_ids": torch.randint(0, 9, (N, T, K), generator=g),
+        "teacher_top_k_log_probs": -torch.rand(N, T, K, generator=g) - 1.0,
     }
     return DataProto.from_dict(columns)
 
@@ -46,6 +48,11 @@ ACTOR_SETTINGS = [
         "distillation.teacher_model_path=teacher",
         "distillation.use_policy_gradient=true",
     ],
+    [
+        "distillation.enabled=true",
+        "distillation.teacher_model_path=teacher",
+        "distillation.loss_mode=forward_kl_topk",
+    ],
     ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
 ]
 
@@ -54,7 +61,12 @@ ACTOR_SETTINGS = [
 def test_the_actor_loss_reads_only_what_it_declares(overrides):
     loss_fn = algorithm.build_actor_loss(load_config(None, overrides))
     micro, g = full_micro(), torch.Generator().manual_seed(1)
-    scores = ResponseScores(-torch.rand(N, T, generator=g), torch.rand(N, T, generator=g))
+    scores = ResponseScores(
+        -torch.rand(N, T, generator=g),
+        torch.rand(N, T, generator=g),
+        top_k_log_probs=-torch.rand(N, T, K, generator=g),
+        top_k_ids=torch.randint(0, 9, (N, T, K), generator=g),
+    )
     totals = BatchTotals(num_tokens=int(micro["response_mask"].sum()), num_sequences=N)
     loss, _ = loss_fn(micro, scores, totals)
     restricted, _ = loss_fn(only_reads(micro, loss_fn.reads), scores, totals)
