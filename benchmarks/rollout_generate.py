@@ -97,9 +97,14 @@ def make_runners(args: argparse.Namespace, size: str, end_ids: list[int]) -> dic
     for name in args.engines.split(","):
         if name == "hf":
             runners[name] = lambda prompts, max_new, seed: run_hf(model, prompts, end_ids, max_new)
-        elif name == "stratarl":
+        elif name in ("stratarl", "stratarl-hf"):  # our engine: fused decode step, or the HF modules'
             engine = TorchRolloutEngine(
-                model, eos_token_ids=end_ids, pad_token_id=PAD, seed=0, max_num_seqs=args.prompts * args.n
+                model,
+                eos_token_ids=end_ids,
+                pad_token_id=PAD,
+                seed=0,
+                max_num_seqs=args.prompts * args.n,
+                decode_step="fused" if name == "stratarl" else "hf",
             )
             runners[name] = lambda prompts, max_new, seed, e=engine: sum(
                 len(r.response_ids) for r in e.generate(requests_for(prompts, max_new, seed))
@@ -121,7 +126,7 @@ def make_runners(args: argparse.Namespace, size: str, end_ids: list[int]) -> dic
                 len(r.response_ids) for r in e.generate(requests_for(prompts, max_new, seed))
             )
         else:
-            raise ValueError(f"unknown engine {name!r}: hf, stratarl, vllm")
+            raise ValueError(f"unknown engine {name!r}: hf, stratarl, stratarl-hf, vllm")
     return runners
 
 
