@@ -85,7 +85,9 @@ def _decode_step_checks(cfg: RunConfig) -> list[tuple[bool, tuple[str, ...], str
     if cfg.rollout.decode_step != "fused":
         return []
     if cfg.rollout.backend != "torch":
-        return [(True, ("rollout.decode_step", "rollout.backend"), "the fused decode step is the torch engine's")]
+        return [
+            (True, ("rollout.decode_step", "rollout.backend"), "the fused decode step is the torch engine's")
+        ]
     config = Path(cfg.model.path) / "config.json"
     try:
         family = json.loads(config.read_text()).get("model_type")

@@ -49,6 +49,9 @@ from torch import Tensor, nn
 from stratarl.rollout.kv_cache import SlotKVCache
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# Their RMSNorm classes, whose forward is w ⊙ (x / sqrt(mean(x²) + ε)) computed in fp32 (the tests
+# compare each with F.rms_norm): the step calls `F.rms_norm`, one op, instead of the module's six.
+RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 DECODE_STEPS = ("auto", "fused", "hf")  # rollout.decode_step: fused where covered, always, never
 
 
@@ -70,13 +73,40 @@ def covers(model: nn.Module) -> str | None:
     linears = [model.lm_head]
     for layer in decoder.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        linears += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        linears += [
+            attn.q_proj,
+            attn.k_proj,
+            attn.v_proj,
+            attn.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        ]
     wrapped = sorted({type(m).__name__ for m in linears if type(m) is not nn.Linear})
     if wrapped:
         return f"{family}: projections wrapped as {', '.join(wrapped)} (e.g. an adapter), not plain nn.Linear"
+    norms = [decoder.norm] + [n for layer in decoder.layers for n in _layer_norms(layer)]
+    foreign = sorted({type(n).__name__ for n in norms if type(n).__name__ not in RMS_NORMS})
+    if foreign:
+        return f"{family}: norms {', '.join(foreign)} are not the Llama-style RMSNorm"
     if type(decoder.embed_tokens) is not nn.Embedding:
         return f"{family}: the embedding is a {type(decoder.embed_tokens).__name__} (scaled or wrapped)"
     return None
+
+
+def _layer_norms(layer: nn.Module) -> list[nn.Module]:
+    attn = layer.self_attn
+    extra = [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
+    return [layer.input_layernorm, layer.post_attention_layernorm, *extra]
+
+
+def _rms_norm(x: Tensor, norm: nn.Module) -> Tensor:
+    """The module's RMSNorm as one op: in fp32 the same values (tested); other dtypes normalize in
+    fp32 and scale in theirs, as the HF module does."""
+    eps = norm.variance_epsilon
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], norm.weight, eps)
+    return norm.weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
 
 
 @dataclass
@@ -188,28 +218,37 @@ class FusedDecoder:
         lo, c = cache._lo, cache.cursor
         h = self.model.model.embed_tokens(tokens)  # [n, E]
         cos, sin = self.model.model.rotary_emb(h[:, None], positions)  # [n, 1, D] each
+        # rot(x) ⊙ sin = roll(x, D/2) ⊙ [−sin₁ | sin₂]: one roll instead of two slices, a negation and a cat
+        half = D // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         masks = {window: _additive_mask(attend, lo, c, window, h.dtype) for window in set(self.windows)}
-        split = (Hq * D, Hkv * D, Hkv * D)
         for index, layer in enumerate(self.layers):
-            x = layer.input_norm(h)
-            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(split, dim=-1)
-            q, k, v = q.view(n, Hq, D), k.view(n, Hkv, D), v.view(n, Hkv, D)
+            x = _rms_norm(h, layer.input_norm)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [n, (H_q + 2·H_kv)·D]
+            qk = qkv[:, : (Hq + Hkv) * D].view(n, Hq + Hkv, D)  # q's heads, then k's: rotated together
+            v = qkv[:, (Hq + Hkv) * D :].view(n, Hkv, D)
             if layer.q_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)
-            q = q * cos + _rotate_half(q) * sin  # cos, sin [n, 1, D] broadcast over heads
-            k = k * cos + _rotate_half(k) * sin
+                qk = torch.cat(
+                    (_rms_norm(qk[:, :Hq], layer.q_norm), _rms_norm(qk[:, Hq:], layer.k_norm)), dim=1
+                )
+            qk = qk * cos + qk.roll(half, dims=-1) * sin  # cos, sin [n, 1, D] broadcast over heads
+            q, k = qk[:, :Hq], qk[:, Hq:]
             keys, values = cache.keys[index], cache.values[index]  # [R, H_kv, C, D]
             keys[:n, :, c] = k
             values[:n, :, c] = v
             # query heads j·g … j·g+g−1 read KV head j; q scaled before the product, as
             # decode_attention does (closer to SDPA's rounding than scaling the scores)
-            scores = torch.matmul((q * self.scaling).view(n, Hkv, g, D), keys[:n, :, lo : c + 1].transpose(-1, -2))
+            scores = torch.matmul(
+                (q * self.scaling).view(n, Hkv, g, D), keys[:n, :, lo : c + 1].transpose(-1, -2)
+            )
             scores += masks[layer.window]  # [n, H_kv, g, S]
             o = torch.matmul(torch.softmax(scores, dim=-1), values[:n, :, lo : c + 1])  # [n, H_kv, g, D]
             h = h + layer.o_proj(o.reshape(n, Hq * D))
-            gate, up = F.linear(layer.post_norm(h), layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            gate, up = F.linear(_rms_norm(h, layer.post_norm), layer.gate_up, layer.gate_up_bias).chunk(
+                2, dim=-1
+            )
             h = h + layer.down_proj(layer.act(gate) * up)
-        return self.model.lm_head(self.model.model.norm(h))  # [n, V]
+        return self.model.lm_head(_rms_norm(h, self.model.model.norm))  # [n, V]
 
 
 def _windows(config) -> list[int | None]:
@@ -230,11 +269,6 @@ def _additive_mask(attend: Tensor, lo: int, cursor: int, window: int | None, dty
         allowed = attend & (columns > cursor - window)[None]
     mask = torch.zeros(attend.shape, dtype=dtype, device=attend.device)
     return mask.masked_fill_(~allowed, float("-inf"))[:, None, None]
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _fuse(linears: list[nn.Linear], *, views: bool) -> tuple[Tensor, Tensor | None]:

@@ -86,4 +86,6 @@ def test_the_fused_decode_step_is_refused_for_vllm_and_for_a_family_it_does_not_
     message = found[("rollout.decode_step", "model.path")]
     assert "model_type 'gpt2'" in message and "rollout.decode_step=auto or hf" in message
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
-    validate_config(load_config(None, ["rollout.decode_step=fused", f"model.path={tmp_path}"]), check_paths=False)
+    validate_config(
+        load_config(None, ["rollout.decode_step=fused", f"model.path={tmp_path}"]), check_paths=False
+    )
