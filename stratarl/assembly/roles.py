@@ -90,6 +90,7 @@ def rollout_engine_spec(cfg: RunConfig, *, share_weights: bool) -> RolloutEngine
         max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,  # P + T
         partial_rollout=cfg.async_training.partial_rollout,
         share_weights=share_weights,
+        decode_step=r.decode_step,
     )
 
 

@@ -10,6 +10,8 @@ loads.
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 from stratarl.config.errors import ConfigProblem
 from stratarl.config.schema_run import RunConfig
@@ -65,11 +67,40 @@ def runtime_problems(cfg: RunConfig) -> list[ConfigProblem]:
                 "models on the CPU (one process, or workers without GPUs) they live there already",
             )
         )
+    checks += _decode_step_checks(cfg)
     if cfg.rollout.min_response_tokens > cfg.rollout.max_response_tokens:
         keys = ("rollout.min_response_tokens", "rollout.max_response_tokens")
         message = f"{cfg.rollout.min_response_tokens} exceeds {cfg.rollout.max_response_tokens}"
         checks.append((True, keys, message))
     return [ConfigProblem(keys, message) for fails, keys, message in checks if fails]
+
+
+# The families `stratarl.rollout.fused_decode` covers (a test keeps the two lists equal).
+FUSED_DECODE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _decode_step_checks(cfg: RunConfig) -> list[tuple[bool, tuple[str, ...], str]]:
+    """rollout.decode_step=fused: only the torch engine has it, and only for the families it covers
+    (read from the model directory's config.json where there is one; the engine checks the rest)."""
+    if cfg.rollout.decode_step != "fused":
+        return []
+    if cfg.rollout.backend != "torch":
+        return [
+            (True, ("rollout.decode_step", "rollout.backend"), "the fused decode step is the torch engine's")
+        ]
+    config = Path(cfg.model.path) / "config.json"
+    try:
+        family = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return []  # no readable config here: model.path's own checks say so
+    return [
+        (
+            family not in FUSED_DECODE_FAMILIES,
+            ("rollout.decode_step", "model.path"),
+            f"{config} has model_type {family!r}; the fused decode step covers "
+            f"{', '.join(FUSED_DECODE_FAMILIES)} (rollout.decode_step=auto or hf serves every family)",
+        )
+    ]
 
 
 def _cuda_available() -> bool:

@@ -100,6 +100,14 @@ class RolloutConfig:
         "its prefix cache is reset)",
         verl=f"{ARF}.rollout.free_cache_engine",
     )
+    decode_step: str = setting(
+        "auto",
+        "what computes a decode step of the torch engine: fused (our own step for Llama, Mistral, Qwen2 "
+        "and Qwen3: fused QKV and gate/up projections, one-token attention over the KV cache, no mask "
+        "building; refused for other families), hf (the model's own forward, every family), auto (fused "
+        "where the family is covered, else hf). Prefill always runs the model's forward",
+        choices=("auto", "fused", "hf"),
+    )
     weight_sharing: str = setting(
         "auto",
         "what the torch engine in the trainer's process serves: share (the actor's own model, no "

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from stratarl.rollout.decode_attention import decode_attention
 from stratarl.rollout.engine_loop import Finished
+from stratarl.rollout.fused_decode import FusedDecoder
 from stratarl.rollout.interface import FinishReason, GenerationRequest, GenerationResult
 from stratarl.rollout.kv_cache import PrefillCache, SlotKVCache
 from stratarl.rollout.prefix_store import Prefix, PrefixStore
@@ -76,8 +77,10 @@ class EngineCore:
         prefix_cache_tokens: int,
         replica_id: int,
         cache_kwarg: str,
+        fused: FusedDecoder | None = None,
     ) -> None:
         self.model, self.make_rule, self.pad_token_id = model, make_rule, pad_token_id
+        self.fused = fused  # our decode step (fused_decode.py), or None: the model's forward decodes
         self.shared_generator, self.replica_id = shared_generator, replica_id
         self.cache_kwarg = cache_kwarg  # the name the model's forward gives its KV-cache argument
         self.max_num_seqs, self.max_prefill_tokens = max_num_seqs, max_prefill_tokens
@@ -125,6 +128,8 @@ class EngineCore:
         held = self.cache.num_bytes + self.store.num_bytes
         self.cache, self.logits = SlotKVCache(), None
         self.store.clear()
+        if self.fused is not None:
+            held += self.fused.release()
         return held
 
     @torch.inference_mode()
@@ -287,8 +292,12 @@ class EngineCore:
         self.cache.ensure_columns(1)
         attend = self.cache.decode_mask()  # [n, span]
         positions = torch.tensor([[r.next_position] for r in self.rows], device=self.device)  # [n, 1]
-        with decode_attention():
-            self.logits = self._forward(tokens[:, None], attend, positions, self.cache)
+        if self.fused is not None:
+            self.fused.prepare(self.version)
+            self.logits = self.fused.decode(tokens, positions, attend, self.cache)
+        else:
+            with decode_attention():
+                self.logits = self._forward(tokens[:, None], attend, positions, self.cache)
         self.cache.advance()
         for row in self.rows:
             row.next_position += 1

@@ -40,6 +40,7 @@ class RolloutEngineSpec:
     share_weights: the torch engine serves `source_model` itself, not a copy, so the trainer's
     in-place optimizer step is what it serves next (`rollout.weight_sharing`; config/rollout_weights.py
     says when that is safe). The model then keeps its dtype, mode and requires_grad.
+    decode_step: what computes the torch engine's decode steps (`fused_decode`: fused, hf or auto).
     """
 
     backend: str = "torch"
@@ -50,6 +51,7 @@ class RolloutEngineSpec:
     free_cache_engine: bool = True
     partial_rollout: str = "finish"
     share_weights: bool = False
+    decode_step: str = "auto"
 
     def __post_init__(self) -> None:
         if self.backend not in ROLLOUT_BACKENDS:
@@ -93,6 +95,8 @@ def build_torch_engine(spec: RolloutEngineSpec, model: ModelSpec, replica: Repli
         max_num_seqs=spec.max_num_seqs or UNBOUNDED_SEQS,
         replica_id=replica_id,
         partial_rollout=spec.partial_rollout,
+        decode_step=spec.decode_step,
+        owns_weights=not spec.share_weights,
     )
 
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from stratarl.engine.lora import AdapterUpdate, apply_adapter_update
 from stratarl.rollout.engine_core import EngineCore
 from stratarl.rollout.engine_loop import Finished, SteppedEngine
+from stratarl.rollout.fused_decode import DECODE_STEPS, FusedDecoder, covers
 from stratarl.rollout.interface import GenerationRequest
 from stratarl.rollout.stopping import Detokenize, StopRule
 from stratarl.rollout.weight_sync import (
@@ -67,6 +68,18 @@ def check_architecture(config) -> None:
         )
 
 
+def _decode_step(model: nn.Module, decode_step: str, owns_weights: bool) -> tuple[FusedDecoder | None, str]:
+    """(our decode step or None, what runs: "fused", or "hf" and why) for `decode_step`."""
+    if decode_step == "hf":
+        return None, "hf (rollout.decode_step=hf)"
+    reason = covers(model)
+    if reason is None:
+        return FusedDecoder(model, views=owns_weights), "fused"
+    if decode_step == "fused":
+        raise ValueError(f"rollout.decode_step=fused: {reason}")
+    return None, f"hf ({reason})"
+
+
 class TorchRolloutEngine(SteppedEngine, PushedReplica):
     """A `RolloutEngine` over an in-process HF causal LM (any `AutoModelForCausalLM` whose layers are
     full or sliding-window attention: `check_architecture`).
@@ -82,6 +95,11 @@ class TorchRolloutEngine(SteppedEngine, PushedReplica):
     detokenize: token ids -> text (e.g. `tokenizer.decode`), needed for stop strings.
     replica_id: recorded in every result (set by whoever builds several replicas).
     partial_rollout: finish or continue, what a weight load does to running requests (module doc).
+    decode_step: what computes a decode step (`stratarl.rollout.fused_decode`): fused (our step; a model
+        it does not cover is refused), hf (the model's own forward), auto (fused where covered, else
+        hf). `decode_step_used` says which runs, and why when it is not fused.
+    owns_weights: False when `model` is the trainer's own (`rollout.weight_sharing`): the fused path
+        then keeps copies of the weights per version instead of re-laying out the model's tensors.
     """
 
     def __init__(
@@ -98,8 +116,12 @@ class TorchRolloutEngine(SteppedEngine, PushedReplica):
         detokenize: Detokenize | None = None,
         replica_id: int = 0,
         partial_rollout: str = "finish",
+        decode_step: str = "auto",
+        owns_weights: bool = True,
     ) -> None:
         check_architecture(model.config)
+        if decode_step not in DECODE_STEPS:
+            raise ValueError(f"decode_step={decode_step!r}; valid: {', '.join(DECODE_STEPS)}")
         if partial_rollout not in PARTIAL_ROLLOUT:
             raise ValueError(f"partial_rollout={partial_rollout!r}; valid: {', '.join(PARTIAL_ROLLOUT)}")
         self.partial_rollout = partial_rollout
@@ -118,6 +140,7 @@ class TorchRolloutEngine(SteppedEngine, PushedReplica):
         # transformers 5.24 names the KV-cache argument `cache` (`past_key_values` is deprecated there);
         # older releases only know `past_key_values`.
         forward_args = inspect.signature(model.forward).parameters
+        fused, self.decode_step_used = _decode_step(model, decode_step, owns_weights)
         self._core = EngineCore(
             model,
             make_rule=self._stop_rule,
@@ -128,6 +151,7 @@ class TorchRolloutEngine(SteppedEngine, PushedReplica):
             prefix_cache_tokens=prefix_cache_tokens,
             replica_id=replica_id,
             cache_kwarg="cache" if "cache" in forward_args else "past_key_values",
+            fused=fused,
         )
         super().__init__()
         self._receiver: WeightReceiver | None = None

@@ -76,3 +76,16 @@ def test_stratarl_train_stops_before_loading_anything(tmp_path, override, expect
     assert done.returncode != 0
     assert override.split("=")[0] in done.stderr and expected in done.stderr, done.stderr[-2000:]
     assert not run_dir.exists()
+
+
+def test_the_fused_decode_step_is_refused_for_vllm_and_for_a_family_it_does_not_cover(tmp_path):
+    found = problems("rollout.decode_step=fused", "rollout.backend=vllm")
+    assert found[("rollout.decode_step", "rollout.backend")] == "the fused decode step is the torch engine's"
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    found = problems("rollout.decode_step=fused", f"model.path={tmp_path}")
+    message = found[("rollout.decode_step", "model.path")]
+    assert "model_type 'gpt2'" in message and "rollout.decode_step=auto or hf" in message
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
+    validate_config(
+        load_config(None, ["rollout.decode_step=fused", f"model.path={tmp_path}"]), check_paths=False
+    )
