@@ -76,3 +76,20 @@ def test_stratarl_train_stops_before_loading_anything(tmp_path, override, expect
     assert done.returncode != 0
     assert override.split("=")[0] in done.stderr and expected in done.stderr, done.stderr[-2000:]
     assert not run_dir.exists()
+
+
+def test_replica_restarts_are_refused_where_no_replica_is_a_process_of_its_own():
+    """rollout.max_replica_restarts restarts split-plan replicas on Ray, in trainer.mode=sync only."""
+    key = "rollout.max_replica_restarts"
+    in_process = problems(f"{key}=1")
+    assert "processes of their own" in in_process[(key, "cluster.backend", "cluster.placement")]
+    colocated = problems(f"{key}=1", "cluster.backend=ray", "cluster.placement=colocated")
+    assert "(ray, colocated)" in colocated[(key, "cluster.backend", "cluster.placement")]
+    one_step_off = problems(
+        f"{key}=2", "cluster.backend=ray", "cluster.placement=split", "trainer.mode=one_step_off"
+    )
+    assert list(one_step_off) == [(key, "trainer.mode")]
+    assert "need trainer.mode=sync" in one_step_off[(key, "trainer.mode")]
+    assert "≥ 0" in problems(f"{key}=-1")[(key,)]
+    ok = load_config(None, [f"{key}=2", "cluster.backend=ray", "cluster.placement=split"])
+    validate_config(ok, check_paths=False)  # no problem: warnings only, if any
