@@ -105,15 +105,12 @@ def start_policy_group(
             RemoteReplica(actor, r, timeout_s=call_timeout_s, **shared) for r, actor in enumerate(replicas)
         ]
         deployment.nodes.setdefault("rollout", ranks.nodes)  # colocated: the ranks serve it
+        restarter = None  # without restarts a lost replica's error stops the run
+        if launch is not None and max_replica_restarts > 0:
+            served = lambda: rollout.served_version  # noqa: E731  the version of the last sync
+            restarter = ReplicaRestarter(launch, deployment, ranks, served, bucket_bytes=bucket_bytes)
         rollout = RolloutReplicas(
-            engines,
-            pad_token_id=spec.pad_token_id,
-            start_again=None
-            if launch is None
-            else ReplicaRestarter(
-                launch, deployment, ranks, lambda: rollout.served_version, bucket_bytes=bucket_bytes
-            ),
-            max_restarts=max_replica_restarts,
+            engines, pad_token_id=spec.pad_token_id, start_again=restarter, max_restarts=max_replica_restarts
         )
         rollout.weight_version  # noqa: B018  waits until every engine has its model
         # Storage units hold memory, not compute (0 CPUs): the phases' rows live there.
