@@ -193,6 +193,7 @@ def build_policy_worker(
         backend=process_group_backend(cfg),
         queue_units=c.transfer_queue_units,
         rows_per_rank_split=rows,
+        max_replica_restarts=cfg.rollout.max_replica_restarts,
     )
     teacher = teacher_spec(cfg)
     if teacher is not None:  # the plan reserved its pool; its process starts beside the policy's

@@ -165,11 +165,17 @@ class PolicyWorker:
         return self._send_weights(full, lora)
 
     def push_weights(
-        self, replicas: Sequence[WeightSyncTarget], *, version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+        self,
+        replicas: Sequence[WeightSyncTarget],
+        *,
+        version: int,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        fresh: bool = False,
     ) -> list[WeightLoadReport]:
         """Split plan: every rank joins the gather; rank 0 sends the weights to each rollout replica,
         directly (not through the controller): the full weights in buckets, checked by version and
-        checksum; for a LoRA actor the base weights and adapter the first time, then the adapter."""
+        checksum; for a LoRA actor the base weights and adapter the first time, then the adapter.
+        fresh: the replicas are new (a restarted replica): a LoRA actor sends its base weights again."""
         sends = self.actor.dp.rank == 0
 
         def full(state: dict) -> list[WeightLoadReport]:
@@ -178,10 +184,14 @@ class PolicyWorker:
         def lora(base: dict | None, adapter: AdapterUpdate) -> list[WeightLoadReport]:
             return [r.load_adapter(adapter, version, base=base) for r in replicas] if sends else []
 
-        return self._send_weights(full, lora)
+        return self._send_weights(full, lora, fresh=fresh)
 
     def _send_weights(
-        self, full: Callable[[dict], Delivered], lora: Callable[[dict | None, AdapterUpdate], Delivered]
+        self,
+        full: Callable[[dict], Delivered],
+        lora: Callable[[dict | None, AdapterUpdate], Delivered],
+        *,
+        fresh: bool = False,
     ) -> Delivered:
         """The actor's weights out, through `full` (the full weights, LoRA merged) or, for a LoRA actor,
         `lora`: the base weights and the adapter the first time, then the adapter alone (base None;
@@ -189,7 +199,7 @@ class PolicyWorker:
         holds the tensors (the others empty ones), and the delivery decides who sends."""
         if not is_lora(self.actor.model):
             return full(self.actor.export_weights())
-        base = None if self._base_synced else lora_base_weights(self.actor)
+        base = None if self._base_synced and not fresh else lora_base_weights(self.actor)
         delivered = lora(base, self.actor.export_adapter())
         self._base_synced = True  # the engines hold the base weights from now on
         return delivered

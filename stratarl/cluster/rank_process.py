@@ -121,17 +121,34 @@ def start_processes(
     """One `RankProcess` actor per bundle of `pool` (process r on bundle r, with `build(r)`, threads
     from its share unless `threads`); `kwargs` go to every constructor. max_concurrency > 1: calls
     run on that many threads at once (a rollout replica taking a weight push while it generates)."""
-    process = ray.remote(RankProcess)
     return [
-        process.options(**actor_options(pool, group, rank), max_concurrency=max_concurrency).remote(
-            rank=rank,
-            world_size=pool.world_size,
-            threads=threads or bundle.threads,
-            build=build(rank),
-            **kwargs,
+        start_process(
+            pool, group, rank, build(rank), threads=threads, max_concurrency=max_concurrency, **kwargs
         )
-        for rank, bundle in enumerate(pool.bundles)
+        for rank in range(pool.world_size)
     ]
+
+
+def start_process(
+    pool: ResourcePool,
+    group: PlacementGroup,
+    rank: int,
+    build: WorkerBuild,
+    *,
+    threads: int | None,
+    max_concurrency: int = 1,
+    **kwargs: Any,
+) -> Any:
+    """The `RankProcess` actor of bundle `rank` of `pool` (`start_processes`; a rollout replica's
+    replacement is started on its bundle again)."""
+    process = ray.remote(RankProcess)
+    return process.options(**actor_options(pool, group, rank), max_concurrency=max_concurrency).remote(
+        rank=rank,
+        world_size=pool.world_size,
+        threads=threads or pool.bundles[rank].threads,
+        build=build,
+        **kwargs,
+    )
 
 
 def start_ranks(

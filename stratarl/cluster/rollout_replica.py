@@ -6,7 +6,8 @@ is a handle with the engine's methods on any process that serves generation — 
 a colocated policy rank (both hold their engine as `worker.rollout`) — so the rollout layer's
 `RolloutRouter` spreads requests over them and `push_weights` on training rank 0 sends them buckets,
 both without knowing Ray is there. Every remote call waits at most `timeout_s`; a replica that dies
-or hangs raises `WorkerError`.
+or hangs raises `RolloutReplicaError`, a `WorkerError` that the router's restarts
+(rollout.max_replica_restarts, `replica_restart`) know as a lost replica (`ReplicaLost`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,23 @@ from stratarl.engine.lora import AdapterUpdate
 from stratarl.observe.stack_dumps import ArmedProcess
 from stratarl.rollout.factory import build_rollout_engine
 from stratarl.rollout.interface import GenerationRequest, GenerationResult
+from stratarl.rollout.replica_restarts import ReplicaLost
 from stratarl.rollout.weight_sync import TensorSlice, WeightLoadReport
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.kv_meta import KVBatchMeta
 from stratarl.transport.transfer_queue import TransferQueue
+
+
+class RolloutReplicaError(WorkerError, ReplicaLost):
+    """Rollout replica `replica_id` died or did not answer in phase `phase` (cause: died / timed out)."""
+
+    def __init__(self, phase: str, replica_id: int, cause: str, why: str):
+        WorkerError.__init__(self, "rollout", phase, {replica_id: why})
+        self.replica_id, self.cause, self.why = replica_id, cause, why
+
+    def after_restarts(self, used: int, limit: int) -> RolloutReplicaError:
+        used_up = f"{self.why}; {used} of {limit} restarts (rollout.max_replica_restarts) used"
+        return RolloutReplicaError(self.phase, self.replica_id, self.cause, used_up)
 
 
 class RolloutReplica:
@@ -115,10 +129,11 @@ class RemoteReplica:
             record_answer(self.calls, self.replica_id)
             return result
         except ray.exceptions.GetTimeoutError:
-            why, hung = f"did not answer within {self.timeout_s:g} s (hung or still busy)", True
+            why = f"did not answer within {self.timeout_s:g} s (hung or still busy)"
+            cause, hung = "timed out", True
         except ray.exceptions.RayActorError as error:
-            why = f"died ({error_summary(error)})"
-        error = WorkerError("rollout", phase, {self.replica_id: why})
+            cause, why = "died", f"died ({error_summary(error)})"
+        error = RolloutReplicaError(phase, self.replica_id, cause, why)
         if self.on_failure is not None:
             self.on_failure(error, dump=hung)
         raise error
@@ -154,7 +169,12 @@ class RemoteReplica:
 
     async def generate_async(self, request: GenerationRequest) -> GenerationResult:
         self.traffic.sent += wire_bytes([request])
-        (result,) = await self.actor.run.remote(_generate, [request])
+        try:
+            (result,) = await self.actor.run.remote(_generate, [request])
+        except ray.exceptions.RayActorError as error:
+            raise RolloutReplicaError(
+                "rollout.generate", self.replica_id, "died", f"died ({error_summary(error)})"
+            ) from None
         self.traffic.received += wire_bytes([result])
         return result
 

@@ -3,13 +3,15 @@
 `RolloutReplicas` puts the rollout layer's `RolloutRouter` (sticky, least-loaded) over a role's
 engines — the in-process worker's own engine, the colocated ranks' engines, or the replicas of a
 rollout pool (`rollout_replica.RemoteReplica` handles) — and lays a batch's results out as the
-trainer's batch edge, directly or through the TransferQueue.
+trainer's batch edge, directly or through the TransferQueue. Given a way to start a replica again
+(`replica_restart.ReplicaRestarter`) and rollout.max_replica_restarts, the router replaces a replica
+lost mid-call and runs its share again (`rollout.replica_restarts`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from stratarl.cluster.ranks import ControllerTraffic
 from stratarl.observe.stack_dumps import ArmedProcess, dump_armed
 from stratarl.rollout.batch_layout import results_to_batch
 from stratarl.rollout.interface import GenerationRequest, GenerationResult, SamplingParams
+from stratarl.rollout.replica_restarts import ReplicaRestart, ReplicaRestarts
 from stratarl.rollout.router import Replica, RolloutRouter
 from stratarl.transport.data_proto import DataProto
 from stratarl.transport.kv_meta import KVBatchMeta
@@ -29,17 +32,52 @@ from stratarl.transport.kv_meta import KVBatchMeta
 
 class RolloutReplicas:
     """A router over `replicas`. Replicas that are processes of their own (`RemoteReplica`) count
-    the bytes they move and are stopped with the group; in-process engines do neither."""
+    the bytes they move and are stopped with the group; in-process engines do neither.
 
-    def __init__(self, replicas: Sequence[Replica], *, pad_token_id: int):
-        self.targets = list(replicas)
-        self.router = RolloutRouter(self.targets)
+    start_again, max_restarts: a lost replica is replaced by start_again(lost) (a new one serving the
+    others' weight version), at most max_restarts times in the run; None / 0: a loss is raised.
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        *,
+        pad_token_id: int,
+        start_again: Callable[[Any], Replica] | None = None,
+        max_restarts: int = 0,
+    ):
+        restarts = ReplicaRestarts(max_restarts, self._start_again) if start_again is not None else None
+        self.start_again = start_again
+        self.router = RolloutRouter(replicas, restarts=restarts)
         self.pad_token_id = pad_token_id
         self.armed: list[ArmedProcess] = []  # replicas whose stacks can be dumped (arm_stack_dumps)
+        self.armed_in: Path | None = None  # the folder they dump into, once armed
         self.last_calls: dict[int, dict[str, Any]] = {}  # replica id -> its last call (split plan)
+        self.served_version = 0  # the version the last sync gave every replica (what a new one gets)
         for replica in self.targets:
             if getattr(replica, "calls", False) is None:  # a remote replica not sharing its ranks' record
                 replica.calls = self.last_calls
+
+    @property
+    def targets(self) -> list[Replica]:
+        """The replicas now serving (a restarted one in the place of the one it replaced)."""
+        return self.router.replicas
+
+    def _start_again(self, lost: Replica) -> Replica:
+        assert self.start_again is not None
+        new = self.start_again(lost)
+        if self.armed_in is not None and hasattr(new, "arm_stack_dump"):  # the watchdog can dump it too
+            self.armed = [p for p in self.armed if p.rank != new.replica_id]
+            self.armed.append(new.arm_stack_dump(self.armed_in))
+        return new
+
+    def take_restarts(self) -> list[ReplicaRestart]:
+        """The replicas restarted since the last call (none without restarts)."""
+        return self.router.restarts.take() if self.router.restarts is not None else []
+
+    @property
+    def restarts_used(self) -> int:
+        return self.router.restarts.used if self.router.restarts is not None else 0
 
     @property
     def weight_version(self) -> int:
@@ -78,6 +116,7 @@ class RolloutReplicas:
 
     def arm_stack_dumps(self, folder: str | Path) -> list[str]:
         """Every replica that is a process of its own dumps its stacks on request from now on."""
+        self.armed_in = Path(folder)
         self.armed = [r.arm_stack_dump(folder) for r in self.targets if hasattr(r, "arm_stack_dump")]
         return [f"{p.name}: pid {p.pid}" for p in self.armed]
 

@@ -58,8 +58,11 @@ class SplitSync:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
     def sync(self, ranks: Ranks, engines: RolloutReplicas, version: int | None) -> list[WeightLoadReport]:
-        """Every rank joins the gather; rank 0 sent, so its list has one report per replica."""
-        version = engines.weight_version + 1 if version is None else version
+        """Every rank joins the gather; rank 0 sent, so its list has one report per replica. The
+        replicas are asked their version first: one lost since its last call is started again
+        (rollout.max_replica_restarts) before rank 0 sends to it."""
+        served = engines.weight_version
+        version = served + 1 if version is None else version
         pushed = ranks.call_all(
             "weight_sync",
             PolicyWorker.push_weights,

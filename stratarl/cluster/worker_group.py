@@ -32,6 +32,7 @@ from stratarl.engine.actor import LossFn
 from stratarl.engine.checkpoint import LoadedCheckpoint
 from stratarl.engine.requests import LOG_PROBS_ONLY, CheckpointRequest, ScoreRequest, UpdateRequest
 from stratarl.rollout.interface import SamplingParams
+from stratarl.rollout.replica_restarts import ReplicaRestart
 from stratarl.rollout.router import RolloutRouter
 from stratarl.rollout.weight_sync import WeightLoadReport, WeightSyncError
 from stratarl.transport.data_proto import DataProto
@@ -169,11 +170,21 @@ class PolicyWorkerGroup(RankGroup):
             raise WeightSyncError(
                 f"rollout engines report versions {[r.version for r in reports]} after a sync"
             )
+        self.engines.served_version = reports[0].version  # what a restarted replica is given
         return reports[0]
 
     @property
     def weight_version(self) -> int:
         return self.engines.weight_version
+
+    def take_replica_restarts(self) -> list[ReplicaRestart]:
+        """Rollout replicas restarted since the last call (rollout.max_replica_restarts; none in one
+        process or colocated), and how many restarts the run has used so far."""
+        return self.engines.take_restarts()
+
+    @property
+    def replica_restarts_used(self) -> int:
+        return self.engines.restarts_used
 
     # --- actor / reference -----------------------------------------------------------------------
     def compute_log_prob(self, batch: DataProto, request: ScoreRequest = LOG_PROBS_ONLY) -> DataProto:

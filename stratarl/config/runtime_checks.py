@@ -68,6 +68,7 @@ def runtime_problems(cfg: RunConfig) -> list[ConfigProblem]:
             )
         )
     checks += _decode_step_checks(cfg)
+    checks += _replica_restart_checks(cfg)
     if cfg.rollout.min_response_tokens > cfg.rollout.max_response_tokens:
         keys = ("rollout.min_response_tokens", "rollout.max_response_tokens")
         message = f"{cfg.rollout.min_response_tokens} exceeds {cfg.rollout.max_response_tokens}"
@@ -100,6 +101,32 @@ def _decode_step_checks(cfg: RunConfig) -> list[tuple[bool, tuple[str, ...], str
             f"{config} has model_type {family!r}; the fused decode step covers "
             f"{', '.join(FUSED_DECODE_FAMILIES)} (rollout.decode_step=auto or hf serves every family)",
         )
+    ]
+
+
+def _replica_restart_checks(cfg: RunConfig) -> list[tuple[bool, tuple[str, ...], str]]:
+    """rollout.max_replica_restarts restarts replicas that are processes of their own (the split
+    placement on Ray), given the actor's weights while a step generates (trainer.mode=sync): in
+    one process or colocated the engines live in the training processes, and in the asynchronous
+    modes the actor is ahead of the version the replicas serve while they generate."""
+    if cfg.rollout.max_replica_restarts <= 0:
+        return []
+    c, key = cfg.cluster, "rollout.max_replica_restarts"
+    return [
+        (
+            c.backend != "ray" or c.placement != "split",
+            (key, "cluster.backend", "cluster.placement"),
+            "only rollout replicas in processes of their own are restarted (cluster.backend=ray with "
+            f"cluster.placement=split); here the engines live in the training processes "
+            f"({c.backend}, {c.placement}): set it to 0",
+        ),
+        (
+            cfg.trainer.mode != "sync",
+            (key, "trainer.mode"),
+            f"a restarted replica is given the actor's weights, which under trainer.mode="
+            f"{cfg.trainer.mode} are ahead of the version the replicas serve while they generate; "
+            "restarts need trainer.mode=sync",
+        ),
     ]
 
 

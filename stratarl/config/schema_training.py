@@ -117,6 +117,14 @@ class RolloutConfig:
         "else copy)",
         choices=("auto", "share", "copy"),
     )
+    max_replica_restarts: int = setting(
+        0,
+        "times over the run a rollout replica of the split placement that died or did not answer "
+        "within cluster.call_timeout_s is started again (same replica id and bundle, given the weight "
+        "version the others serve) and its unfinished requests re-issued with the same seeds; 0: the "
+        "loss stops the run. Needs cluster.backend=ray, cluster.placement=split, trainer.mode=sync; "
+        "docs/reliability.md",
+    )
     val_kwargs: ValidationSamplingConfig = section(ValidationSamplingConfig, "sampling for validation")
 
 

@@ -45,6 +45,7 @@ RANGES: dict[str, Rule] = {
     "rollout.top_k": ALL_OR_POSITIVE,
     "rollout.trajectories_per_generate_batch": NON_NEGATIVE,
     "rollout.min_response_tokens": NON_NEGATIVE,
+    "rollout.max_replica_restarts": NON_NEGATIVE,
     "rollout.val_kwargs.n": POSITIVE,
     "rollout.val_kwargs.temperature": NON_NEGATIVE,
     "rollout.val_kwargs.top_p": PROBABILITY_MASS,

@@ -9,11 +9,14 @@ Routing rule for each request, in order:
      those placed earlier in the same batch.
 A batch's shares run concurrently: one in the calling thread, each other one on a thread of its own
 (in-process engines) or as a call to its process (Ray replicas). Weight sync goes to every replica,
-checked per replica.
+checked per replica. With `restarts` (`replica_restarts.ReplicaRestarts`), a replica lost during a
+call (`ReplicaLost`) is replaced in its place and the call runs again there, the same requests with
+the same seeds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +26,7 @@ from typing import Protocol, TypeVar
 from torch import Tensor
 
 from stratarl.rollout.interface import GenerationRequest, GenerationResult
+from stratarl.rollout.replica_restarts import ReplicaLost, ReplicaRestarts
 from stratarl.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightLoadReport, WeightSyncError, push_weights
 
 T = TypeVar("T")
@@ -45,9 +49,17 @@ class RolloutRouter:
     """A `RolloutEngine` that spreads requests over `replicas` (whose replica ids must differ).
 
     max_sessions: sessions remembered for stickiness (least recently used forgotten first).
+    restarts: replaces a replica lost during a call (None: the loss is raised). A replacement keeps
+        the lost replica's index, so its sessions stay there (their KV is prefilled again).
     """
 
-    def __init__(self, replicas: Sequence[Replica], *, max_sessions: int = 100_000) -> None:
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        *,
+        max_sessions: int = 100_000,
+        restarts: ReplicaRestarts | None = None,
+    ) -> None:
         ids = [r.replica_id for r in replicas]
         if not replicas or len(set(ids)) != len(ids):
             raise ValueError(f"a router needs at least one replica, with distinct replica ids; got {ids}")
@@ -56,10 +68,13 @@ class RolloutRouter:
         self._in_flight = [0] * len(replicas)
         self._sessions: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
+        self.restarts = restarts
 
     @property
     def weight_version(self) -> int:
-        versions = {r.weight_version for r in self.replicas}
+        """The version every replica serves (a replica lost since its last call is restarted first,
+        with restarts)."""
+        versions = {self._with_restarts(i, lambda r: r.weight_version) for i in range(len(self.replicas))}
         if len(versions) != 1:
             raise WeightSyncError(f"replicas serve different weight versions: {sorted(versions)}")
         return versions.pop()
@@ -121,8 +136,9 @@ class RolloutRouter:
             shares.setdefault(index, []).append(position)
 
         def run(index: int) -> tuple[list[int], T]:
+            share = [requests[p] for p in shares[index]]
             try:
-                return shares[index], work(self.replicas[index], [requests[p] for p in shares[index]])
+                return shares[index], self._with_restarts(index, lambda replica: work(replica, share))
             finally:
                 self._done(index, len(shares[index]))
 
@@ -140,10 +156,29 @@ class RolloutRouter:
             own = run(last)
             return [*(future.result() for future in futures), own]
 
+    def _with_restarts(self, index: int, call: Callable[[Replica], T]) -> T:
+        """call(replica `index`), again on its replacement each time the replica is lost."""
+        while True:
+            replica = self.replicas[index]
+            try:
+                return call(replica)
+            except ReplicaLost as error:
+                if self.restarts is None:
+                    raise
+                self.restarts.replace(self.replicas, index, replica, error)
+
     async def generate_async(self, request: GenerationRequest) -> GenerationResult:
         (index,) = self.route([request])
         try:
-            return await self.replicas[index].generate_async(request)
+            while True:
+                replica = self.replicas[index]
+                try:
+                    return await replica.generate_async(request)
+                except ReplicaLost as error:
+                    if self.restarts is None:
+                        raise
+                    # Starting a replica takes seconds: off the event loop, whose other sessions go on.
+                    await asyncio.to_thread(self.restarts.replace, self.replicas, index, replica, error)
         finally:
             self._done(index)
 

@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,12 @@ class RunClaim:
         phase; a start with trainer.resume_mode=auto continues from that checkpoint."""
         message = f"{type(error).__name__}: {error}"
         self.record |= {"status": "failed", "failed": now(), "error": message[:2000], "failed_in": phase}
+        self._write_record()
+
+    def record_replica_restart(self, step: int, restart: Mapping[str, Any]) -> None:
+        """A rollout replica started again during `step` (rollout.max_replica_restarts): which, why,
+        when, kept in run.json's `replica_restarts` across legs."""
+        self.record.setdefault("replica_restarts", []).append({"step": step, "at": now(), **restart})
         self._write_record()
 
     def record_finish(self, last_step: int) -> None:

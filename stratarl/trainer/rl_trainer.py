@@ -423,12 +423,35 @@ class RLTrainer:
             or self.stop.requested  # a Ctrl-C checkpoint follows this step
         )
         batch, metrics = self.step.run(step, self.batches, sync_due=due)
+        if self.cfg.rollout.max_replica_restarts > 0:
+            metrics = metrics | self.record_replica_restarts(step)
         if self.cfg.trainer.save_trajectories:
             texts = phases.decode_responses(self.tokenizer, batch)
             prompt_texts = [self.tokenizer.decode(ids) for ids in batch["raw_prompt_ids"]]
             records = phases.trajectory_records(batch, texts, prompt_texts, step)
             self.log.log_trajectories(agent_rollout.with_agent_records(records, batch))
         return metrics
+
+    def record_replica_restarts(self, step: int) -> dict[str, float]:
+        """Rollout replicas restarted since the last step (rollout.max_replica_restarts), each on the
+        console and in run.json (`replica_restarts`: step, replica, cause, why); their count this step
+        and in this process so far (`rollout/replica_restarts`, `rollout/replica_restarts_total`).
+        A restart during the validation after step k is counted in step k + 1."""
+        restarts = self.worker.take_replica_restarts()
+        limit = self.cfg.rollout.max_replica_restarts
+        for r in restarts:
+            self.log.console.print(
+                f"[yellow]step {step}: rollout replica {r.replica_id} {escape(r.why)}; started again "
+                f"(restart {r.number} of {limit}) in {r.seconds:.1f} s, serving weight version "
+                f"{r.weight_version}[/yellow]",
+                soft_wrap=True,
+            )
+            with suppress(OSError):
+                self.claim.record_replica_restart(step, asdict(r))
+        return {
+            "rollout/replica_restarts": float(len(restarts)),
+            "rollout/replica_restarts_total": float(self.worker.replica_restarts_used),
+        }
 
     def validate(self, step: int) -> dict[str, float]:
         assert self.val_set is not None

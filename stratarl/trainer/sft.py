@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,11 @@ from stratarl.config import RunConfig
 from stratarl.data.prompt_dataset import PromptDataset, PromptItem
 from stratarl.data.sampler import PromptSampler
 from stratarl.observe.loggers import make_sinks
+from stratarl.observe.phase_monitor import PhaseMonitor
 from stratarl.observe.plots import plot_sft
 from stratarl.observe.progress import StepProgress
 from stratarl.observe.run_log import RunLog, write_atomically
+from stratarl.observe.stack_dumps import write_error_report
 from stratarl.run_directory.claim import RunClaim, claim_run_directory
 from stratarl.run_directory.lock import RunLock
 from stratarl.run_directory.run_summary import SFT_RESULT, read_sft_result
@@ -129,12 +131,15 @@ def run_sft(
     max_tokens: int | None = None,
     stop: StopRequest | None = None,
     after_step: Callable[[int], bool] | None = None,
+    monitor: PhaseMonitor | None = None,
 ) -> dict[str, float]:
     """`total_steps` optimizer steps of SFT; the rollout engine is synced at the end. `make_batch`
     lays out the examples (default `sft_batch`; multi-turn: `agent_sft.agent_sft_batch`). An example
     longer than `max_tokens` (sft.max_tokens) stops the run, naming it, before that step trains.
     `stop`: once Ctrl-C asked, StopRequested between two steps (after the last, the run completes).
-    `after_step(step)`: called after each step but the last; True ends the run there (a plateau)."""
+    `after_step(step)`: called after each step but the last; True ends the run there (a plateau).
+    `monitor`: names the phase an error leaves (`sft.update (step k)`, for run.json)."""
+    monitor = monitor or PhaseMonitor()
     sampler = PromptSampler(len(dataset), batch_size=examples_per_step, seed=seed)
     metrics: dict[str, float] = {}
     with StepProgress(log.console, total=total_steps, label="sft") as progress:
@@ -144,7 +149,8 @@ def run_sft(
             indices = sampler.next_batch()
             batch = (make_batch or sft_batch)(dataset, indices, tokenizer)
             _check_example_lengths(batch, dataset, indices, max_tokens, step)
-            metrics = worker.update_actor(batch, sft_loss, UpdateRequest(len(batch)))
+            with monitor.phase("sft.update", step=step):
+                metrics = worker.update_actor(batch, sft_loss, UpdateRequest(len(batch)))
             metrics = {k if k.startswith("sft/") else f"sft/{k}": v for k, v in metrics.items()}
             log.log_metrics(step, metrics, phase="sft")
             if step % log_every == 0 or step == total_steps:
@@ -199,7 +205,8 @@ def sft_from_config(
     run_dir/final, the summary in run_dir/summary.json. The run directory must be empty (or
     trainer.overwrite): SFT never resumes. The inputs are checked (`preflight`) before the model
     loads. With `stop` (the CLI's) Ctrl-C stops after the step that runs, marks the run interrupted
-    and raises RunInterrupted (nothing is saved: SFT keeps no checkpoints)."""
+    and raises RunInterrupted (nothing is saved: SFT keeps no checkpoints). A run that dies of an
+    exception is marked failed in run.json, with the error and the phase, as `stratarl train` is."""
     console, t = console or Console(), cfg.trainer
     with ExitStack() as cleanup:  # callbacks run last-registered first, each even if one fails
         lock = RunLock(run_dir).acquire()
@@ -224,11 +231,24 @@ def sft_from_config(
         steps = sft_steps(cfg, len(train_set))
         if stop is not None:
             cleanup.enter_context(stop.armed(lambda: _stopped_at_once(claim, log, steps)))
+        monitor = PhaseMonitor()
         try:
-            return _sft_run(cfg, claim, log, tokenizer, train_set, val_set, steps, stop)
+            return _sft_run(cfg, claim, log, tokenizer, train_set, val_set, steps, stop, monitor)
         except StopRequested as stopped:
             claim.record_interrupt(stopped.step)
             raise RunInterrupted(_stopped_line(stopped.step, steps)) from None
+        except Exception as error:
+            _record_failure(claim, error, monitor.failed_in)
+            raise
+
+
+def _record_failure(claim: RunClaim, error: Exception, phase: str | None) -> None:
+    """The error in run.json (status failed) and in hang/error-*/ for `stratarl doctor`, as far as
+    the disk allows (on a full or read-only one the error itself is what reaches the user)."""
+    with suppress(OSError):
+        write_error_report(claim.run_dir, error, phase)
+    with suppress(OSError):
+        claim.record_failure(error, phase=phase)
 
 
 # `stratarl train` warns when the SFT run its model comes from leaves fewer groups than this with
@@ -287,10 +307,11 @@ def _stopped_at_once(claim: RunClaim, log: RunLog, total: int) -> str:
 
 def _sft_run(
     cfg: RunConfig, claim: RunClaim, log: RunLog, tokenizer: Any, train_set: PromptDataset,
-    val_set: PromptDataset | None, steps: int, stop: StopRequest | None,
+    val_set: PromptDataset | None, steps: int, stop: StopRequest | None, monitor: PhaseMonitor,
 ) -> dict[str, Any]:  # fmt: skip
     run_dir, start, s = claim.run_dir, time.perf_counter(), cfg.sft
-    worker = sft_worker(cfg, tokenizer, steps)
+    with monitor.phase("init"):
+        worker = sft_worker(cfg, tokenizer, steps)
     accuracies: dict[int, float] = {}  # step -> held-out accuracy
 
     def accuracy(step: int) -> float:
@@ -298,7 +319,8 @@ def _sft_run(
         val_generations/step_<k>.jsonl, its core metrics on the console."""
         if val_set is None:
             return float("nan")
-        value, metrics, records = evaluate_accuracy(worker, cfg, tokenizer, val_set, step)
+        with monitor.phase("validation", step=step):
+            value, metrics, records = evaluate_accuracy(worker, cfg, tokenizer, val_set, step)
         # An untrained model never emits EOS: warn about cut responses after training only.
         record_validation(log, step, metrics, records, cfg.rollout.max_response_tokens, warn=step > 0)
         accuracies[step] = value
@@ -322,13 +344,15 @@ def _sft_run(
     run_sft(
         worker, train_set, tokenizer, examples_per_step=s.trajectories_per_step, total_steps=steps,
         seed=cfg.trainer.seed, log=log, max_tokens=s.max_tokens, stop=stop, after_step=after_step,
+        monitor=monitor,
     )  # fmt: skip
     stopped_early = bool(stopped_at)
     done = stopped_at[0] if stopped_early else steps
     after = accuracies[done] if done in accuracies else accuracy(done)
     final = (run_dir / "final").absolute()
-    worker.save_pretrained(final)
-    tokenizer.save_pretrained(final)
+    with monitor.phase("save"):
+        worker.save_pretrained(final)
+        tokenizer.save_pretrained(final)
     claim.record_finish(done)
     summary = {
         "accuracy_before": before,

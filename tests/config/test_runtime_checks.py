@@ -89,3 +89,20 @@ def test_the_fused_decode_step_is_refused_for_vllm_and_for_a_family_it_does_not_
     validate_config(
         load_config(None, ["rollout.decode_step=fused", f"model.path={tmp_path}"]), check_paths=False
     )
+
+
+def test_replica_restarts_are_refused_where_no_replica_is_a_process_of_its_own():
+    """rollout.max_replica_restarts restarts split-plan replicas on Ray, in trainer.mode=sync only."""
+    key = "rollout.max_replica_restarts"
+    in_process = problems(f"{key}=1")
+    assert "processes of their own" in in_process[(key, "cluster.backend", "cluster.placement")]
+    colocated = problems(f"{key}=1", "cluster.backend=ray", "cluster.placement=colocated")
+    assert "(ray, colocated)" in colocated[(key, "cluster.backend", "cluster.placement")]
+    one_step_off = problems(
+        f"{key}=2", "cluster.backend=ray", "cluster.placement=split", "trainer.mode=one_step_off"
+    )
+    assert list(one_step_off) == [(key, "trainer.mode")]
+    assert "need trainer.mode=sync" in one_step_off[(key, "trainer.mode")]
+    assert "≥ 0" in problems(f"{key}=-1")[(key,)]
+    ok = load_config(None, [f"{key}=2", "cluster.backend=ray", "cluster.placement=split"])
+    validate_config(ok, check_paths=False)  # no problem: warnings only, if any

@@ -334,3 +334,41 @@ def test_sft_train_files_are_checked_and_named(task, tmp_path):
     cfg = load_config(RECIPE, [*paths, f"sft.train_files=['{bare}']", f"trainer.run_dir={tmp_path / 'r'}"])
     with pytest.raises(ConfigError, match=r"sft\.train_files: SFT needs extra_info\['answer'\] .*: 8 rows"):
         sft.sft_from_config(cfg, tmp_path / "r")
+
+
+def test_an_sft_run_that_dies_of_an_exception_is_recorded_failed_with_the_error(task, tmp_path, monkeypatch):
+    """Was: run.json still said `running` after SFT died (only `stratarl train` recorded a failure).
+    A loss that raises at step 2: run.json says failed, with the error and the phase it left, the
+    doctor reads it so, and hang/error-*/report.json holds it."""
+    import json
+
+    from stratarl.observe.doctor.diagnosis import run_status
+    from stratarl.observe.doctor.view import load_run
+    from stratarl.trainer import sft
+
+    real_loss, calls = sft.sft_loss, []
+
+    def breaks_at_step_two(micro, scores, totals):
+        calls.append(1)
+        if len(calls) > 1:  # one micro-batch per step: the second call is step 2's
+            raise ValueError("the loss saw a NaN")
+        return real_loss(micro, scores, totals)
+
+    monkeypatch.setattr(sft, "sft_loss", breaks_at_step_two)
+    run_dir = tmp_path / "sft"
+    cfg = load_config(
+        RECIPE,
+        [
+            f"data.train_files=['{task['train']}']", "data.val_files=[]", f"model.path={task['model']}",
+            f"trainer.run_dir={run_dir}", "sft.total_steps=3", "sft.trajectories_per_step=8",
+            "sft.trajectories_per_micro_batch=8",
+        ],
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="the loss saw a NaN"):
+        sft.sft_from_config(cfg, run_dir)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "failed" and record["error"] == "ValueError: the loss saw a NaN"
+    assert record["failed_in"] == "sft.update (step 2)"
+    assert "failed (ValueError: the loss saw a NaN)" in run_status(load_run(run_dir))
+    (report,) = (run_dir / "hang").glob("error-*/report.json")
+    assert json.loads(report.read_text())["phase"] == "sft.update (step 2)"
