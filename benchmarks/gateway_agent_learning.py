@@ -1,7 +1,8 @@
 """Benchmark: an agent program of the user's own learns under GRPO through the OpenAI-compatible gateway.
 
-The agent is examples/openai_agent/think_then_answer.py: plain `openai` client code, two chat calls
-per episode (think, then answer), returning None so the run's reward scores the answer.
+The agent is examples/openai_agent/answer_then_check.py: plain `openai` client code, two chat calls
+per episode (answer, then check and answer again), returning None so the run's reward scores the
+second answer.
 
 Part 1, per seed, the quickstart's task (single-digit + and −, 160 train / 40 held out, 1M model):
 1. the quickstart's data, tokenizer and model, and its SFT warm-start (single-turn answers: the
@@ -12,15 +13,16 @@ Part 1, per seed, the quickstart's task (single-digit + and −, 160 train / 40 
    the trainer's validation) before GRPO (step 0) and after; the quickstart's single-call greedy
    accuracy after SFT for reference; training reward per step, rows per episode (one merged row or
    one per call), seconds per step.
-With --baseline, the quickstart's own GRPO (one call, built-in rollout) from the same SFT checkpoint
-for the same steps, for the cost per step and the learning of the plain rollout.
+With --baseline, the same recipe with the gateway off (one call per episode, the built-in rollout,
+the quickstart's 12-token budget) from the same SFT checkpoint for the same steps: the cost per step
+and the learning of the plain rollout.
 
 Part 2 (--real-model DIR): SmolLM2-135M-Instruct (`make real-model`) with its own chat template, the
 same agent, a few GRPO steps (--real-steps) of recipes/grpo_smollm2_arithmetic.yaml on its additions
 task; held-out reward and accuracy of the agent program before and after, seconds per step. Its
 template renders no `tools`, hence the two-call form there (docs/agent_gateway.md).
 
-    OMP_NUM_THREADS=2 python benchmarks/gateway_agent_learning.py --out /tmp/gw --seeds 0 1 --steps 50 \\
+    OMP_NUM_THREADS=2 python benchmarks/gateway_agent_learning.py --out /tmp/gw --seeds 0 1 --baseline \\
         --real-model .models/SmolLM2-135M-Instruct --json out.json
 """
 
@@ -52,7 +54,7 @@ from stratarl.trainer.validation import evaluate_accuracy, overall_accuracy
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "gateway_agent_arithmetic.yaml"
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
-AGENT = ROOT / "examples" / "openai_agent" / "think_then_answer.py"
+AGENT = ROOT / "examples" / "openai_agent" / "answer_then_check.py"
 SMOLLM2_RECIPE = ROOT / "recipes" / "grpo_smollm2_arithmetic.yaml"
 ROW_KEYS = ("agent/gateway_episodes", "agent/gateway_rows", "agent/gateway_rows_merged")
 ROW_KEYS += (
@@ -138,9 +140,12 @@ def tiny_seed(out: Path, seed: int, steps: int, baseline: bool, extra: list[str]
         "gateway": step_summary(gateway["train"]) | {"wall_s": gateway["wall_s"]},
     }
     if baseline:
-        plain = train(
-            QUICKSTART, run_dir / "single_call", [*common, "trainer.val_before_train=false", *extra]
-        )
+        single = [
+            "agent.gateway.enable=false",
+            "rollout.max_response_tokens=12",
+            "trainer.val_before_train=false",
+        ]
+        plain = train(RECIPE, run_dir / "single_call", [*common, *single, *extra])
         row["single_call_after_grpo"] = overall_accuracy(plain["val"][steps], 1)
         row["single_call"] = step_summary(plain["train"]) | {"wall_s": plain["wall_s"]}
     print(json.dumps(row, indent=2), flush=True)
@@ -209,8 +214,8 @@ def main() -> None:
     parser.add_argument(
         "--seeds", type=int, nargs="*", default=[0], help="quickstart seeds (none: skip part 1)"
     )
-    parser.add_argument("--steps", type=int, default=50, help="GRPO steps on the quickstart's task")
-    parser.add_argument("--baseline", action="store_true", help="also the quickstart's single-call GRPO")
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps on the quickstart's task")
+    parser.add_argument("--baseline", action="store_true", help="also the gateway off (one call)")
     parser.add_argument("--real-model", default=None, help="SmolLM2-135M-Instruct directory (part 2)")
     parser.add_argument("--real-steps", type=int, default=3, help="GRPO steps on the real model")
     parser.add_argument("--real-val-prompts", type=int, default=32, help="held-out prompts on the real model")

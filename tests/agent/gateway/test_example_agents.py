@@ -1,6 +1,6 @@
-"""The example agent program examples/openai_agent/think_then_answer.py, loaded as the trainer loads
-it, runs one episode against a real gateway: two chat calls (thoughts, then the answer), the second
-prompt extending the first call's tokens so the episode is one row, the answer scored by the rule."""
+"""The example agent program examples/openai_agent/answer_then_check.py, loaded as the trainer loads
+it, runs one episode against a real gateway: two chat calls (a reply, then the answer after a check),
+the second prompt extending the first call's tokens so the episode is one row, the answer scored."""
 
 import asyncio
 from pathlib import Path
@@ -15,7 +15,7 @@ from stratarl.rollout.torch_engine import TorchRolloutEngine
 from tests.agent.scripted_engine import ScriptedEngine
 from tests.agent.test_runner_torch import tiny_lm
 
-AGENT = Path(__file__).resolve().parents[3] / "examples" / "openai_agent" / "think_then_answer.py"
+AGENT = Path(__file__).resolve().parents[3] / "examples" / "openai_agent" / "answer_then_check.py"
 ROW = {
     "messages": [{"role": "user", "content": "What is 3+4? Reply as 'Answer: <integer>'."}],
     "data_source": "arithmetic",
@@ -42,15 +42,19 @@ def one_episode(engine, renderer):
     return asyncio.run(main())
 
 
-def test_the_think_then_answer_agent_makes_two_calls_that_train_as_one_row(renderer, tokenizer):
-    engine = ScriptedEngine(tokenizer, {"ep0": ["3 plus 4 is 7.", "Answer: 7"]})
+def test_the_answer_then_check_agent_makes_two_calls_that_train_as_one_row(renderer, tokenizer):
+    engine = ScriptedEngine(tokenizer, {"ep0": ["Answer: 8", "Answer: 7"]})
     capture = one_episode(engine, renderer)
     assert capture.status == "done" and capture.error is None and capture.reward is None  # it returned None
     thoughts, answer = capture.calls
-    first_prompt = tokenizer.decode(list(thoughts.prompt_ids))
-    assert "Think about the problem step by step" in first_prompt and "What is 3+4?" in first_prompt
+    assert thoughts.prompt_ids == tuple(
+        renderer.prompt_ids(ROW["messages"])
+    )  # the question as the row has it
     second_prompt = tokenizer.decode(list(answer.prompt_ids))
-    assert "3 plus 4 is 7." in second_prompt and "What is your final answer?" in second_prompt
+    assert (
+        second_prompt.count("What is 3+4?") == 2 and "Answer: 8" in second_prompt
+    )  # asked again, its reply shown
+    assert "Check your reply." in second_prompt
     assert capture.final_text == "Answer: 7"  # what the configured reward scores ...
     assert compute_score("arithmetic", capture.final_text, "7")["acc"] == 1.0  # ... and the rule pays for it
     rows = episode_trajectories(capture, max_response_tokens=128)
