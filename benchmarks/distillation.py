@@ -22,7 +22,7 @@ validation) with its `timing_s/teacher` part; then the means over seeds, each ar
 time against GRPO's measured in the same run.
 
     OMP_NUM_THREADS=1 python benchmarks/distillation.py --seeds 0 1 2 --json out.json
-    python benchmarks/distillation.py --steps 1 --seeds 0 --teacher-sft-steps 2 ...   # plumbing only
+    OMP_NUM_THREADS=1 python benchmarks/distillation.py actor.lr=1e-3 --seeds 0   # every arm's LR
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def run_arm(root: Path, arm: str, teacher: dict, sft_dir: str, seed: int, args: 
         f"distillation.loss_mode={args.loss_mode}",
         f"distillation.distillation_loss_coef={args.coef}",
         *extra,
+        *args.overrides,
     ]
     if arm == "grpo":  # grpo_arithmetic.yaml has distillation off: no teacher settings
         overrides = [o for o in overrides if not o.startswith("distillation.")]
@@ -157,6 +158,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch compute threads (the quickstart's: 1)")
     parser.add_argument("--work", default=None, help="cache directory for the teacher (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the numbers to this path")
+    parser.add_argument("overrides", nargs="*", help="overrides of every arm's run, e.g. actor.lr=1e-3")
     args = parser.parse_args()
     if "grpo" not in args.arms:
         parser.error("--arms must include grpo: it is the baseline")
@@ -187,7 +189,8 @@ def report(teacher: dict, results: dict[str, dict], args: argparse.Namespace) ->
           f"{args.teacher_grpo_steps}): held-out {pct(teacher['accuracy_after_sft'])} after SFT, "
           f"{pct(teacher['accuracy_after_grpo'])} after GRPO")  # fmt: skip
     print(f"students: {args.student_size}, SFT {args.student_sft_steps} steps; every arm {args.steps} steps "
-          f"from the same checkpoint; loss_mode={args.loss_mode}, coef {args.coef}\n")  # fmt: skip
+          f"from the same checkpoint; loss_mode={args.loss_mode}, coef {args.coef}; "
+          f"overrides {args.overrides or 'none'}\n")  # fmt: skip
     print(f"{'seed':>4} {'arm':13s} {'after SFT':>9s} {'after RL':>9s} {'gain':>7s} {'s/step':>7s} "
           f"{'teacher s':>9s}")  # fmt: skip
     for seed, r in results.items():

@@ -17,7 +17,7 @@ def test_the_benchmark_trains_every_arm_and_reports_the_teachers_cost(tmp_path):
     out = tmp_path / "out.json"
     tiny = ["--steps", "3", "--seeds", "0", "--teacher-sft-steps", "5", "--teacher-grpo-steps", "1"]
     tiny += ["--student-sft-steps", "5", "--work", str(tmp_path / "work"), "--json", str(out)]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[1])}  # this stratarl
     done = subprocess.run([sys.executable, str(SCRIPT), *tiny], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
