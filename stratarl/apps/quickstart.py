@@ -101,6 +101,31 @@ def grpo_from_sft(cfg: RunConfig, sft_dir: Path) -> RunConfig:
     )
 
 
+def warm_start(cfg: RunConfig, run_dir: Path, *, console: Console, seed: int) -> tuple[float, float, Path]:
+    """SFT of model.path on the training split's demonstrations (run_dir/sft); returns held-out greedy
+    accuracy before and after it, and the checkpoint's directory (run_dir/sft/final)."""
+    tokenizer = datasets.load_tokenizer(cfg)
+    train_set, val_set = load_splits(cfg, tokenizer)
+    preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens)
+    sft_steps = sft_step_budget(cfg, train_set)
+    worker = sft_worker(cfg, tokenizer, sft_steps)
+    accuracy_before, _, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=0)
+    run_sft(
+        worker,
+        train_set,
+        tokenizer,
+        examples_per_step=cfg.sft.trajectories_per_step,
+        total_steps=sft_steps,
+        max_tokens=cfg.sft.max_tokens,
+        seed=seed,
+        log=RunLog(run_dir / "sft", console=console),
+    )
+    accuracy_after, _, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=sft_steps)
+    sft_dir = save_sft_checkpoint(worker, tokenizer, run_dir)
+    del worker
+    return accuracy_before, accuracy_after, sft_dir
+
+
 def run_quickstart(
     run_dir: str | Path,
     *,
@@ -122,27 +147,9 @@ def run_quickstart(
         f"trainer.seed={seed}",
     ]
     cfg = load_config(RECIPE, [*base, *(overrides or [])])
-    tokenizer = datasets.load_tokenizer(cfg)
-    train_set, val_set = load_splits(cfg, tokenizer)
 
     console.rule("SFT warm-start")
-    preflight.check_sft_lengths(train_set, tokenizer, cfg.sft.max_tokens)
-    sft_steps = sft_step_budget(cfg, train_set)
-    worker = sft_worker(cfg, tokenizer, sft_steps)
-    accuracy_before_sft, _, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=0)
-    run_sft(
-        worker,
-        train_set,
-        tokenizer,
-        examples_per_step=cfg.sft.trajectories_per_step,
-        total_steps=sft_steps,
-        max_tokens=cfg.sft.max_tokens,
-        seed=seed,
-        log=RunLog(run_dir / "sft", console=console),
-    )
-    accuracy_after_sft, _, _ = evaluate_accuracy(worker, cfg, tokenizer, val_set, step=sft_steps)
-    sft_dir = save_sft_checkpoint(worker, tokenizer, run_dir)
-    del worker
+    accuracy_before_sft, accuracy_after_sft, sft_dir = warm_start(cfg, run_dir, console=console, seed=seed)
 
     console.rule("GRPO")
     trainer = RLTrainer(grpo_from_sft(cfg, sft_dir), run_dir / "grpo", console=console)
