@@ -1,12 +1,17 @@
 """The agent program in contained worker processes: 64 episodes at once in two workers, and agents
 that block their loop, swallow cancellation, raise, exit, crash or signal their parent — each
 counted as its episode's status, the pool replacing what it lost and serving the next episodes; an
-episode that ends drops its requests still waiting for the engine."""
+episode that ends drops its requests still waiting for the engine; no process an agent started
+outlives its pool or a killed trainer."""
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+import uuid
 
 import pytest
 from openai import AsyncOpenAI, NotFoundError
@@ -20,6 +25,8 @@ from stratarl.reward.worker_isolation import pid_namespace_problem
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.torch_engine import TorchRolloutEngine
 from tests.agent.test_runner_torch import tiny_lm
+from tests.reward.faulty_scorers import TOKEN_VARIABLE
+from tests.reward.test_pool_faults import processes_with, wait_until
 
 AGENT = """
 import asyncio, ctypes, os, sys, time
@@ -196,3 +203,42 @@ def test_an_ended_episode_drops_its_waiting_requests(engine, renderer):
     dropped, batch_sizes, capture_b = asyncio.run(main())
     assert dropped == 1 and batch_sizes == [1]  # b's request never reached the engine
     assert capture_b.calls == [] and capture_b.status == "timeout"
+
+
+GRANDCHILD_AGENT = """
+import asyncio, subprocess
+
+async def run_episode(base_url, api_key, row):
+    subprocess.Popen(["sleep", "600"], start_new_session=True)  # a grandchild in a session of its own
+    if row["hang"]:
+        await asyncio.sleep(600)
+    return 1.0
+"""
+TRAINER = """
+import asyncio, sys
+from stratarl.agent.gateway.agent_pool import AgentPool
+with AgentPool(sys.argv[1], "run_episode", num_workers=1, timeout_s=60) as pool:
+    outcome = asyncio.run(pool.run("http://127.0.0.1:9/v1", "key", {"hang": sys.argv[2] == "hang"}))
+    print("outcome", outcome.status, outcome.value, flush=True)
+"""
+
+
+@pytest.mark.slow  # a trainer process of its own: importing torch there takes seconds
+@pytest.mark.skipif(pid_namespace_problem() is not None, reason="needs a PID namespace (bubblewrap)")
+@pytest.mark.parametrize("ending", ["pool_closes", "trainer_killed"])
+def test_no_process_of_an_agent_outlives_its_pool_or_a_killed_trainer(tmp_path, ending):
+    agent = tmp_path / "agent.py"
+    agent.write_text(GRANDCHILD_AGENT)
+    token = uuid.uuid4().hex
+    hang = "hang" if ending == "trainer_killed" else "return"
+    command = [sys.executable, "-c", TRAINER, str(agent), hang]
+    env = {**os.environ, TOKEN_VARIABLE: token}
+    trainer = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    if ending == "pool_closes":
+        out, _ = trainer.communicate(timeout=60)
+        assert "outcome done 1.0" in out
+    else:  # the trainer, bwrap, the worker and the agent's grandchild
+        assert wait_until(lambda: len(processes_with(token)) >= 4, 30), processes_with(token)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    assert wait_until(lambda: not processes_with(token), 10), f"left running: {processes_with(token)}"
