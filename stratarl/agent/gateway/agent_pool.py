@@ -208,6 +208,8 @@ class AgentPool:
             if worker.killing is None:
                 worker.killing = asyncio.create_task(self._kill_blocked(worker))
             await asyncio.shield(worker.killing)
+            if not outcome.done():  # its worker was already lost, and resolved what it then ran
+                outcome.set_result(EpisodeOutcome("timeout", error=f"no answer after {self.timeout_s:g} s"))
             return outcome.result()
         finally:
             worker.running.pop(number, None)
@@ -221,8 +223,8 @@ class AgentPool:
     async def _choose(self) -> _Worker:
         """The live worker with the fewest running episodes (waiting for a replacement if none)."""
         while True:
-            if self.broken:
-                raise AgentProgramError(self.broken)
+            if self.broken or self._closed:
+                raise AgentProgramError(self.broken or "the agent pool is closed")
             live = [w for w in self._workers if not w.lost]
             if live:
                 return min(live, key=lambda w: len(w.running))
