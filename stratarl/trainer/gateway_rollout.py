@@ -29,7 +29,7 @@ from stratarl.agent.batch_edge import trajectories_to_batch
 from stratarl.agent.gateway.agent_pool import AgentPool
 from stratarl.agent.gateway.agent_program import AgentProgramError, load_agent_function
 from stratarl.agent.gateway.capture import EpisodeCapture
-from stratarl.agent.gateway.episode_rows import episode_trajectories, rows_metrics
+from stratarl.agent.gateway.episode_rows import episode_failures, episode_trajectories, rows_metrics
 from stratarl.agent.gateway.episodes import EpisodeRunner, InProcessAgent, run_episodes
 from stratarl.agent.gateway.server import Gateway, new_api_key
 from stratarl.agent.metrics import agent_metrics
@@ -132,6 +132,9 @@ class GatewayRollout:
             phase="rollout",
         )
         metrics = agent_metrics(trajectories) | rows_metrics(results, captures) | counts
+        failures = episode_failures(captures)  # beside the tool failures, in the run summary
+        metrics |= failures
+        metrics["agent/failures/total"] = metrics.get("agent/failures/total", 0.0) + sum(failures.values())
         if scored is not None:
             metrics |= scored.metrics()
         return rows, metrics

@@ -226,6 +226,7 @@ def test_the_off_policy_modes_train_the_agent_program_with_each_calls_weight_ver
     assert all(r["async/partial_rows"] == 0 for r in train)
 
 
+STATUSES = ("timeout", "error", "crash")
 HOSTILE_AGENT = """
 import asyncio, os, time
 from openai import AsyncOpenAI
@@ -273,6 +274,9 @@ def test_agents_that_exit_block_or_signal_the_trainer_are_counted_and_the_run_tr
         assert r["agent/gateway_episodes"] == 8 and failed <= 4, r  # the 4 "/1" episodes at most
         assert r["agent/gateway_rows"] >= 4  # every well-behaved episode trained
     assert sum(r["agent/gateway_episode_crashes"] + r["agent/gateway_episode_timeouts"] for r in train) > 0
+    for r in train:  # the same counts as failures of user code, as the run summary lists them
+        assert r["agent/failures/total"] == sum(r.get(f"agent/failures/episode_{s}", 0) for s in STATUSES)
+        assert r.get("agent/failures/episode_crash", 0) == r["agent/gateway_episode_crashes"]
     assert train[-1]["agent/gateway_worker_restarts"] > 0
 
 
