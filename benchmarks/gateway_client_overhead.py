@@ -30,7 +30,7 @@ import torch
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stratarl.agent.gateway.episodes import run_episodes
+from stratarl.agent.gateway.episodes import InProcessAgent, run_episodes
 from stratarl.agent.gateway.server import Gateway
 from stratarl.agent.rendering import ChatRenderer
 from stratarl.apps.quickstart import TaskSettings, build_task
@@ -73,7 +73,9 @@ def measure(engine: TorchRolloutEngine, renderer: ChatRenderer, rows: list[dict]
         async with Gateway(engine, renderer, sampling=sampling, max_prompt_tokens=1024, seed=0,
                            keep_sampled_ids=True) as gateway:  # fmt: skip
             start = time.perf_counter()
-            captures = await run_episodes(gateway, agent, rows, timeout_s=300, max_concurrent=len(rows))
+            captures = await run_episodes(
+                gateway, InProcessAgent(agent, timeout_s=300), rows, max_concurrent=len(rows)
+            )
             elapsed = time.perf_counter() - start
         assert all(c.status == "done" and len(c.calls) == 2 for c in captures), captures[0].error
         for client in POOL.values():

@@ -37,6 +37,16 @@ class GatewayConfig:
         300.0, "seconds one episode may run; then it is cancelled, counted, and not trained on"
     )
     max_concurrent_episodes: int = setting(64, "episodes running at once (their calls share engine batches)")
+    num_workers: int = setting(
+        2,
+        "agent worker processes (contained as the tool workers are); each runs its share of the "
+        "episodes concurrently on its own event loop, and one its agent blocks, exits or crashes is replaced",
+    )
+    in_process: bool = setting(
+        False,
+        "run the agent in the trainer's own event loop instead (a debugger steps into it; an agent that "
+        "blocks stalls every episode and one calling os._exit ends the run)",
+    )
     max_prompt_tokens: int = setting(
         4096, "longest prompt one call may send; longer ones get a 400 context_length_exceeded"
     )
@@ -173,6 +183,7 @@ def gateway_problems(
     checks = [
         (gateway.episode_timeout_s <= 0, ("agent.gateway.episode_timeout_s",), "must be > 0"),
         (gateway.max_concurrent_episodes < 1, ("agent.gateway.max_concurrent_episodes",), "must be ≥ 1"),
+        (gateway.num_workers < 1, ("agent.gateway.num_workers",), "must be ≥ 1"),
         (gateway.max_prompt_tokens < 1, ("agent.gateway.max_prompt_tokens",), "must be ≥ 1"),
         (
             agent_enable,

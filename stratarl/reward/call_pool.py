@@ -24,9 +24,7 @@ Used for scorers (`process_pool.ScoringPool`) and for tools (`stratarl.agent.iso
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import logging
 import os
 import pickle
@@ -48,13 +46,17 @@ from typing import Any
 from stratarl.observe.stack_dumps import DUMP_SIGNAL, main_thread_frames, wait_for_dump
 from stratarl.reward.call_frames import FrameError, FrameReader, send_frame
 from stratarl.reward.call_worker import CallResult, describe
-from stratarl.reward.worker_isolation import namespace_prefix, pid_namespace_problem
+from stratarl.reward.worker_isolation import (
+    ended_reason,
+    kill_worker,
+    pid_namespace_problem,
+    start_worker,
+)
 
 log = logging.getLogger(__name__)
 
 WORKER_COMMAND = "import sys; from stratarl.reward.call_worker import main; main(sys.argv)"
 STACK_WAIT_S = 1.0  # how long a timed-out worker may take to write its stacks before it is killed
-INFO_WAIT_S = 5.0  # how long bwrap may take to say the worker's pid
 CLOSE_GRACE_S = 1.0  # a worker whose socket closed this long ago and still runs is broken, not exiting
 
 
@@ -144,27 +146,10 @@ class CallPool:
     def _start_worker(self) -> _Slot:
         parent, child = socket.socketpair()
         command = [sys.executable, "-c", WORKER_COMMAND, str(child.fileno())]
-        if self.isolation_problem is None:  # bwrap writes the worker's pid to the info pipe
-            info_read, info_write = os.pipe()
-            command = [*namespace_prefix(info_write), *command, "0"]
-        else:
-            info_read, info_write = -1, -1
-            command.append(str(os.getpid()))  # the parent it dies with
-        try:
-            with child:
-                process = subprocess.Popen(
-                    command,
-                    pass_fds=tuple(fd for fd in (child.fileno(), info_write) if fd >= 0),
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # its own process group: killed with whatever user code started
-                )
-        finally:
-            if info_write >= 0:
-                os.close(info_write)
-        worker_pid = process.pid
-        if info_read >= 0:
-            worker_pid = _namespace_pid(info_read, process.pid)
-            os.close(info_read)
+        with child:
+            process, worker_pid = start_worker(
+                command, child.fileno(), in_namespace=self.isolation_problem is None
+            )
         stack_path = self._stack_dir / f"worker-{next(self._worker_ids)}.txt"
         setup = {
             "sys_path": list(sys.path),
@@ -289,10 +274,10 @@ class CallPool:
             if slot.broken and not overran and slot.process.returncode == -signal.SIGKILL:  # we killed it
                 future.set_result(CallResult(reason="worker_broken", message=f"the worker {slot.broken}"))
                 continue
-            returncode = slot.process.returncode
-            if self.isolation_problem is None and returncode is not None and returncode > 128:
-                returncode = 128 - returncode  # bwrap exits 128 + N when a signal N killed the worker
-            result = _ended_result(returncode, overran, self.timeout_s, where)
+            in_namespace = self.isolation_problem is None
+            result = _ended_result(
+                slot.process.returncode, overran, self.timeout_s, where, in_namespace=in_namespace
+            )
             if overran and slot.reader.partial_bytes:
                 result.message += f"; it had sent {slot.reader.partial_bytes} bytes of an unfinished message"
             future.set_result(result)
@@ -342,54 +327,6 @@ def _readable(socks: list[socket.socket], timeout_s: float) -> list[socket.socke
     return [by_fd[fd] for fd, _ in poller.poll(timeout_s * 1000)]
 
 
-def _namespace_pid(info_read: int, fallback: int) -> int:
-    """The worker's pid as the trainer sees it: the one child of the namespace's init, whose pid
-    bwrap writes to --info-fd (both read with a deadline; `fallback` when they do not come)."""
-    deadline = time.monotonic() + INFO_WAIT_S
-    init = _read_info_pid(info_read, deadline)
-    while init is not None and time.monotonic() < deadline:
-        children = _children(init)
-        if children:
-            return children[0]
-        time.sleep(0.005)
-    return fallback
-
-
-def _read_info_pid(info_read: int, deadline: float) -> int | None:
-    data = b""
-    poller = select.poll()
-    poller.register(info_read, select.POLLIN)
-    while time.monotonic() < deadline:
-        if not poller.poll(max(deadline - time.monotonic(), 0) * 1000):
-            break
-        chunk = os.read(info_read, 4096)
-        if not chunk:
-            break
-        data += chunk
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            return int(json.loads(data)["child-pid"])
-    return None
-
-
-def _children(pid: int) -> list[int]:
-    """Children of `pid` (/proc/PID/task/PID/children; a scan of /proc where the kernel lacks it)."""
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return []
-    found = []
-    for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if (
-                entry.isdigit()
-                and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
-            ):
-                found.append(int(entry))
-    return found
-
-
 def _result(fields: dict, value: bytes) -> CallResult:
     """A result message as a `CallResult`; a value that cannot be unpickled here fails this call."""
     result = CallResult(**fields)
@@ -417,24 +354,16 @@ def _stuck_at(slot: _Slot) -> list[str]:
         return main_thread_frames(f.read(), depth=2)
 
 
-def _ended_result(returncode: int | None, overran: bool, timeout_s: float, where: list[str]) -> CallResult:
+def _ended_result(
+    returncode: int | None, overran: bool, timeout_s: float, where: list[str], *, in_namespace: bool
+) -> CallResult:
     if overran:
         stuck = f"; stuck at {' <- '.join(where)}" if where else ""
         return CallResult(reason="timeout", message=f"no result after {timeout_s:g} s{stuck}")
-    if returncode is not None and returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return CallResult(reason="process_crash", message=f"killed by {name}")
-    return CallResult(reason="process_exit", message=f"the process exited with code {returncode}")
+    reason, message = ended_reason(returncode, in_namespace=in_namespace)
+    return CallResult(reason=reason, message=message)
 
 
 def _kill(slot: _Slot) -> None:
-    """SIGKILL the worker's process group: the worker and what user code started, or bwrap around
-    it (bwrap's init then dies, and the kernel kills all inside its PID namespace); and reap it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(slot.process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        slot.process.wait(timeout=5)
+    kill_worker(slot.process)
     slot.sock.close()

@@ -10,21 +10,29 @@ and the kernel kills every process left in the namespace, `setsid` and double-fo
 grandchildren included. Elsewhere the worker is a plain
 child in a session of its own: killed as a process group, and it asks the kernel for SIGKILL when
 the trainer's thread that started it ends (`set_parent_death_signal`); there, user code can still
-signal the trainer and a grandchild that calls `setsid` outlives the run. Stdlib only.
+signal the trainer and a grandchild that calls `setsid` outlives the run. `start_worker` starts a
+worker command either way, `kill_worker` ends it with what it started, `ended_reason` says how it
+ended. Stdlib only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 BWRAP = "bwrap"
 PR_SET_PDEATHSIG = 1
+INFO_WAIT_S = 5.0  # how long bwrap may take to say the worker's pid
 
 
 def namespace_prefix(info_fd: int) -> list[str]:
@@ -75,3 +83,102 @@ def set_parent_death_signal(expected_parent: int) -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if expected_parent > 0 and os.getppid() != expected_parent:
         os._exit(1)
+
+
+def start_worker(argv: list[str], keep_fd: int, *, in_namespace: bool) -> tuple[subprocess.Popen, int]:
+    """Start the worker command `argv` (a `python -c ...` whose last argument, added here, is the pid
+    it must die with: 0 inside a PID namespace) in a session of its own, passing it `keep_fd`; in a
+    PID namespace of its own when `in_namespace`. Returns the process (bwrap, when in a namespace)
+    and the worker's pid as this process sees it (what its stack dumps are asked of)."""
+    if in_namespace:  # bwrap writes the worker's pid to the info pipe
+        info_read, info_write = os.pipe()
+        command = [*namespace_prefix(info_write), *argv, "0"]
+    else:
+        info_read, info_write = -1, -1
+        command = [*argv, str(os.getpid())]  # the parent it dies with
+    try:
+        process = subprocess.Popen(
+            command,
+            pass_fds=tuple(fd for fd in (keep_fd, info_write) if fd >= 0),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: killed with whatever user code started
+        )
+    finally:
+        if info_write >= 0:
+            os.close(info_write)
+    worker_pid = process.pid
+    if info_read >= 0:
+        worker_pid = _namespace_pid(info_read, process.pid)
+        os.close(info_read)
+    return process, worker_pid
+
+
+def kill_worker(process: subprocess.Popen) -> None:
+    """SIGKILL the worker's process group: the worker and what user code started, or bwrap around
+    it (bwrap's init then dies, and the kernel kills all inside its PID namespace); and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+
+
+def ended_reason(returncode: int | None, *, in_namespace: bool) -> tuple[str, str]:
+    """("process_crash", "killed by SIGSEGV") or ("process_exit", "the process exited with code 3")
+    for a worker that ended by itself with `returncode` (bwrap's, when `in_namespace`)."""
+    if in_namespace and returncode is not None and returncode > 128:
+        returncode = 128 - returncode  # bwrap exits 128 + N when a signal N killed the worker
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return "process_crash", f"killed by {name}"
+    return "process_exit", f"the process exited with code {returncode}"
+
+
+def _namespace_pid(info_read: int, fallback: int) -> int:
+    """The worker's pid as the trainer sees it: the one child of the namespace's init, whose pid
+    bwrap writes to --info-fd (both read with a deadline; `fallback` when they do not come)."""
+    deadline = time.monotonic() + INFO_WAIT_S
+    init = _read_info_pid(info_read, deadline)
+    while init is not None and time.monotonic() < deadline:
+        children = _children(init)
+        if children:
+            return children[0]
+        time.sleep(0.005)
+    return fallback
+
+
+def _read_info_pid(info_read: int, deadline: float) -> int | None:
+    data = b""
+    poller = select.poll()
+    poller.register(info_read, select.POLLIN)
+    while time.monotonic() < deadline:
+        if not poller.poll(max(deadline - time.monotonic(), 0) * 1000):
+            break
+        chunk = os.read(info_read, 4096)
+        if not chunk:
+            break
+        data += chunk
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(data)["child-pid"])
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    """Children of `pid` (/proc/PID/task/PID/children; a scan of /proc where the kernel lacks it)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if (
+                entry.isdigit()
+                and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+            ):
+                found.append(int(entry))
+    return found

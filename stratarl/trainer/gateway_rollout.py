@@ -3,13 +3,15 @@
 
 For N rows: start a `Gateway` over `worker.rollout` (127.0.0.1, a free port, the run's key), run the
 agent function once per row (`agent.gateway.max_concurrent_episodes` at a time, each under
-`agent.gateway.episode_timeout_s`), in this process's event loop. Episodes that returned None are
+`agent.gateway.episode_timeout_s`) in the run's agent worker processes (`AgentPool`, started once
+with the run; `agent.gateway.in_process`: in this event loop instead). Episodes that returned None are
 scored on their last assistant message by the run's reward. Every finished episode with at least
 one call becomes one row or one row per call (`stratarl.agent.gateway.episode_rows`), carrying the
 prompt row's columns (`uid` included, so a group is all rows of a prompt's episodes), the captured
 ids, log-probs and versions, and `token_level_scores` (the trainer's reward phase is skipped); each
 row's `agent_record` lists the episode's calls (`gateway_calls`: what became of each).
-Episodes that timed out or raised are counted (`agent/gateway_*`) and not trained on.
+Episodes that timed out, raised or lost their worker are counted (`agent/gateway_*`) and not
+trained on.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import numpy as np
 import torch
 
 from stratarl.agent.batch_edge import trajectories_to_batch
-from stratarl.agent.gateway.agent_program import AgentFunction, AgentProgramError, load_agent_function
+from stratarl.agent.gateway.agent_pool import AgentPool
+from stratarl.agent.gateway.agent_program import AgentProgramError, load_agent_function
 from stratarl.agent.gateway.capture import EpisodeCapture
-from stratarl.agent.gateway.episode_rows import episode_trajectories, rows_metrics
-from stratarl.agent.gateway.episodes import run_episodes
+from stratarl.agent.gateway.episode_rows import episode_failures, episode_trajectories, rows_metrics
+from stratarl.agent.gateway.episodes import EpisodeRunner, InProcessAgent, run_episodes
 from stratarl.agent.gateway.server import Gateway, new_api_key
 from stratarl.agent.metrics import agent_metrics
 from stratarl.agent.rendering import ChatRenderer
@@ -47,10 +50,9 @@ from stratarl.transport.field_checks import validate
 class GatewayRollout:
     """The agent program and how its episodes run; built once by `build_gateway_rollout`."""
 
-    agent: AgentFunction
+    agent: EpisodeRunner  # an AgentPool, or InProcessAgent (agent.gateway.in_process)
     renderer: ChatRenderer
     tool_format: str
-    episode_timeout_s: float
     max_concurrent: int
     max_prompt_tokens: int
     keep_sampled_ids: bool
@@ -58,10 +60,10 @@ class GatewayRollout:
 
     def run(
         self, worker: PolicyHandle, rows: Sequence[dict[str, Any]], sampling: SamplingParams, seed: int | None
-    ) -> tuple[list[EpisodeCapture], int]:
-        """Every row's episode to its end (captures in row order), and the gateway's 5xx count."""
+    ) -> tuple[list[EpisodeCapture], dict[str, float]]:
+        """Every row's episode to its end (captures in row order), and the gateway's own counts."""
 
-        async def serve_and_run() -> tuple[list[EpisodeCapture], int]:
+        async def serve_and_run() -> tuple[list[EpisodeCapture], dict[str, float]]:
             gateway = Gateway(
                 worker.rollout,
                 self.renderer,
@@ -73,20 +75,23 @@ class GatewayRollout:
                 keep_sampled_ids=self.keep_sampled_ids,
             )
             async with gateway:
-                captures = await run_episodes(
-                    gateway,
-                    self.agent,
-                    rows,
-                    timeout_s=self.episode_timeout_s,
-                    max_concurrent=self.max_concurrent,
-                )
-                # Clients the agents dropped without closing close themselves when collected, on
-                # this loop: collect them while it still runs (not after asyncio.run closed it).
+                captures = await run_episodes(gateway, self.agent, rows, max_concurrent=self.max_concurrent)
+                # In process: clients the agents dropped without closing close themselves when
+                # collected, on this loop: collect them while it still runs (not after asyncio.run).
                 gc.collect()
                 await asyncio.sleep(0)
-                return captures, gateway.server_errors
+                return captures, self.counts(gateway)
 
         return asyncio.run(serve_and_run())
+
+    def counts(self, gateway: Gateway) -> dict[str, float]:
+        counts = {
+            "agent/gateway_server_errors": float(gateway.server_errors),
+            "agent/gateway_requests_dropped": float(gateway.requests_dropped),
+        }
+        if isinstance(self.agent, AgentPool):  # replaced workers, over the run so far
+            counts["agent/gateway_worker_restarts"] = float(self.agent.restarts)
+        return counts
 
     def generate(
         self,
@@ -100,7 +105,7 @@ class GatewayRollout:
         """The rollout phase: (the rows of N episodes, scored; agent and gateway metrics)."""
         if rewards is None:
             raise ValueError("the gateway rollout needs the run's reward for episodes that return None")
-        captures, server_errors = self.run(worker, episode_rows(batch), sampling, seed)
+        captures, counts = self.run(worker, episode_rows(batch), sampling, seed)
         scored = score_unrewarded(captures, rewards)
         kept = [(i, c) for i, c in enumerate(captures) if c.status == "done" and c.calls]
         if not kept:
@@ -126,14 +131,18 @@ class GatewayRollout:
             writes=[*ROLLOUT_FIELDS, "rollout_log_probs", "weight_version", "token_level_scores"],
             phase="rollout",
         )
-        metrics = agent_metrics(trajectories) | rows_metrics(results, captures)
-        metrics["agent/gateway_server_errors"] = float(server_errors)
+        metrics = agent_metrics(trajectories) | rows_metrics(results, captures) | counts
+        failures = episode_failures(captures)  # beside the tool failures, in the run summary
+        metrics |= failures
+        metrics["agent/failures/total"] = metrics.get("agent/failures/total", 0.0) + sum(failures.values())
         if scored is not None:
             metrics |= scored.metrics()
         return rows, metrics
 
     def close(self) -> None:
-        """Nothing outlives a phase: each one's gateway closes with it."""
+        """Stop the agent workers (each phase's gateway closes with its phase)."""
+        if isinstance(self.agent, AgentPool):
+            self.agent.close()
 
 
 def score_unrewarded(captures: Sequence[EpisodeCapture], rewards: RewardManager) -> RewardResult | None:
@@ -167,7 +176,16 @@ def build_gateway_rollout(cfg: RunConfig, tokenizer: Any) -> GatewayRollout | No
     if not g.enable:
         return None
     try:
-        agent = load_agent_function(g.agent_function_path, g.agent_function_name)
+        if g.in_process:
+            function = load_agent_function(g.agent_function_path, g.agent_function_name)
+            agent: EpisodeRunner = InProcessAgent(function, timeout_s=g.episode_timeout_s)
+        else:  # the workers load the file; the trainer never imports it
+            agent = AgentPool(
+                g.agent_function_path,
+                g.agent_function_name,
+                num_workers=g.num_workers,
+                timeout_s=g.episode_timeout_s,
+            )
     except AgentProgramError as err:
         key, _, message = str(err).partition(": ")
         raise ConfigError([ConfigProblem((key,), message)]) from err
@@ -175,7 +193,6 @@ def build_gateway_rollout(cfg: RunConfig, tokenizer: Any) -> GatewayRollout | No
         agent,
         ChatRenderer(tokenizer),
         tool_format=cfg.agent.tool_format,
-        episode_timeout_s=g.episode_timeout_s,
         max_concurrent=g.max_concurrent_episodes,
         max_prompt_tokens=g.max_prompt_tokens,
         keep_sampled_ids=g.keep_sampled_ids,
@@ -227,10 +244,13 @@ def run_gateway_validation(
 
 def _why(captures: Sequence[EpisodeCapture]) -> str:
     errors = [c.error for c in captures if c.error]
-    counts = {s: sum(c.status == s for c in captures) for s in ("timeout", "error")}
+    counts = {s: sum(c.status == s for c in captures) for s in ("timeout", "error", "crash")}
     no_calls = sum(c.status == "done" and not c.calls for c in captures)
     first = f"; first: {errors[0]}" if errors else ""
-    return f"{counts['timeout']} timed out, {counts['error']} raised, {no_calls} made no call{first}"
+    return (
+        f"{counts['timeout']} timed out, {counts['error']} raised, {counts['crash']} lost their worker, "
+        f"{no_calls} made no call{first}"
+    )
 
 
 def _objects(values: list[Any]) -> np.ndarray:

@@ -1,6 +1,7 @@
 """`stratarl train` with agent.gateway: a missing agent file or function is one config message and
 exit 2; two steps train an agent program that uses only the openai client, and its trace lists each
-call of an episode and the row it became, and the doctor names episodes that split (slow)."""
+call of an episode and the row it became, and the doctor names episodes that split; agents that
+exit, block or signal the trainer are counted and the run trains on the others (slow)."""
 
 import json
 from pathlib import Path
@@ -15,6 +16,7 @@ from stratarl.observe.doctor.diagnosis import diagnose
 from stratarl.observe.doctor.view import load_run
 from stratarl.observe.trace_answers import ten_answers
 from stratarl.observe.trace_store import read_step, step_files
+from stratarl.reward.worker_isolation import pid_namespace_problem
 from tests.test_cli import small_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,3 +224,81 @@ def test_the_off_policy_modes_train_the_agent_program_with_each_calls_weight_ver
     # per-token versions, as the other async rows: token staleness = row staleness (no partial rows)
     assert [r["async/token_staleness_max"] for r in train] == [r["async/staleness_max"] for r in train]
     assert all(r["async/partial_rows"] == 0 for r in train)
+
+
+STATUSES = ("timeout", "error", "crash")
+HOSTILE_AGENT = """
+import asyncio, os, time
+from openai import AsyncOpenAI
+
+
+async def run_episode(base_url, api_key, row):
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        reply = await client.chat.completions.create(model="policy", messages=row["messages"], max_tokens=4)
+    if row["request_id"].endswith("/0"):  # the first sample of each prompt: a well-behaved episode
+        return float(any(c.isdigit() for c in reply.choices[0].message.content))
+    await asyncio.sleep(1.0)  # the well-behaved episodes in this worker have returned by now
+    fault = row["extra_info"]["index"] % 3
+    if fault == 0:
+        os._exit(3)
+    if fault == 1:
+        os.kill(os.getppid(), 9)  # the trainer, were it not in its own PID namespace
+        return 0.5
+    time.sleep(3600)  # blocks its worker's event loop
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(pid_namespace_problem() is not None, reason="needs a PID namespace (bubblewrap)")
+def test_agents_that_exit_block_or_signal_the_trainer_are_counted_and_the_run_trains(tiny_task, tmp_path):
+    agent = tmp_path / "hostile_agent.py"
+    agent.write_text(HOSTILE_AGENT)
+    run = small_run(
+        tiny_task,
+        tmp_path / "out",
+        "agent.gateway.enable=true",
+        f"agent.gateway.agent_function_path={agent}",
+        "agent.gateway.episode_timeout_s=3",
+        "trainer.total_steps=2",
+    )
+    assert main(["train", *run]) == 0  # and this process, the trainer, is alive to see it
+    (metrics_file,) = (tmp_path / "out").rglob("metrics.jsonl")
+    train = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    train = [r for r in train if r.get("phase") == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        ended = ["timeouts", "errors", "crashes"]
+        counts = {k: r[f"agent/gateway_episode_{k}"] for k in ended}
+        print(f"step {r['step']}: {counts}, rows {r['agent/gateway_rows']:g}")
+        failed = sum(r[f"agent/gateway_episode_{k}"] for k in ended)
+        assert r["agent/gateway_episodes"] == 8 and failed <= 4, r  # the 4 "/1" episodes at most
+        assert r["agent/gateway_rows"] >= 4  # every well-behaved episode trained
+    assert sum(r["agent/gateway_episode_crashes"] + r["agent/gateway_episode_timeouts"] for r in train) > 0
+    for r in train:  # the same counts as failures of user code, as the run summary lists them
+        assert r["agent/failures/total"] == sum(r.get(f"agent/failures/episode_{s}", 0) for s in STATUSES)
+        assert r.get("agent/failures/episode_crash", 0) == r["agent/gateway_episode_crashes"]
+    assert train[-1]["agent/gateway_worker_restarts"] > 0
+
+
+def test_an_agent_file_that_fails_to_import_in_its_worker_is_one_message(tiny_task, tmp_path, capsys):
+    agent = tmp_path / "broken_agent.py"
+    agent.write_text("import no_such_module_anywhere\n\nasync def run_episode(base_url, api_key, row): ...\n")
+    run = small_run(
+        tiny_task, tmp_path / "out", "agent.gateway.enable=true", f"agent.gateway.agent_function_path={agent}"
+    )
+    assert main(["train", *run]) == 2
+    err = capsys.readouterr().err
+    assert "agent.gateway.agent_function_path:" in err and "No module named 'no_such_module_anywhere'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("in_process", ["true", "false"])
+def test_one_step_trains_the_example_agent_in_workers_or_in_process(tiny_task, tmp_path, in_process):
+    run = gateway_run(tiny_task, tmp_path, f"agent.gateway.in_process={in_process}")
+    assert main(["train", *run]) == 0
+    (metrics_file,) = tmp_path.rglob("metrics.jsonl")
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    (record,) = [r for r in records if r.get("phase") == "train"]
+    assert record["agent/gateway_episodes"] == 8.0 and record["agent/gateway_calls/total"] >= 8
+    assert ("agent/gateway_worker_restarts" in record) == (in_process == "false")

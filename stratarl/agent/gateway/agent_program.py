@@ -6,8 +6,9 @@ It talks to the policy through the OpenAI API at `base_url` with `api_key` (any 
 `httpx`, a framework), with its own control flow, and returns the episode's reward: a number, a
 dict with a numeric "score" (other keys are kept as reward extras), or None to have the run's
 configured reward score the last assistant message it received. `row` is the dataset row
-(`messages`, `data_source`, `ground_truth`, `extra_info`, ...). It runs in the trainer's event
-loop; code that blocks the loop stalls every other episode.
+(`messages`, `data_source`, `ground_truth`, `extra_info`, ...). The trainer runs it in agent
+worker processes (`agent_pool`), many episodes on each worker's event loop: code that blocks the
+loop stalls that worker's other episodes until the pool kills it.
 """
 
 from __future__ import annotations

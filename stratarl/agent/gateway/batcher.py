@@ -37,9 +37,14 @@ class EngineBatcher:
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """The results of `requests`, in order, from a shared engine call."""
+        return await self.submit(requests)
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> asyncio.Future:
+        """A future of the results of `requests`; cancelling it before its engine call starts drops
+        them from the batch (after, the engine's answer for them is discarded)."""
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((list(requests), future))
-        return await future
+        return future
 
     async def _run(self) -> None:
         while True:

@@ -50,7 +50,8 @@ class EpisodeCapture:
     """One episode: the dataset row it runs, its calls in order, and how it ended.
 
     status: "running", then "done" (the agent returned a reward or None), "timeout" (cancelled at
-    agent.gateway.episode_timeout_s) or "error" (the agent raised, or returned something else).
+    agent.gateway.episode_timeout_s, or its worker's loop was blocked past it), "error" (the agent
+    raised, or returned something else) or "crash" (its agent worker process ended while it ran).
     """
 
     episode_id: str

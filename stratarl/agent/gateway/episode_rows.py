@@ -147,15 +147,23 @@ def _single(capture: EpisodeCapture, index: int, call: CallRecord) -> Trajectory
     return trajectory
 
 
+def episode_failures(episodes: list[EpisodeCapture]) -> dict[str, float]:
+    """`agent/failures/episode_<status>` for the episodes that timed out, raised or lost their
+    worker (only those that occurred), as the run summary and the doctor read tool failures."""
+    counts = {s: sum(e.status == s for e in episodes) for s in ("timeout", "error", "crash")}
+    return {f"agent/failures/episode_{s}": float(n) for s, n in counts.items() if n}
+
+
 def rows_metrics(results: list[EpisodeRows], episodes: list[EpisodeCapture]) -> dict[str, Any]:
     """`agent/gateway_*`: how episodes ended and how their calls became rows."""
     n = max(len(episodes), 1)
-    status = {s: sum(e.status == s for e in episodes) for s in ("done", "timeout", "error")}
+    status = {s: sum(e.status == s for e in episodes) for s in ("done", "timeout", "error", "crash")}
     calls = [len(e.calls) for e in episodes]
     return {
         "agent/gateway_episodes": float(len(episodes)),
         "agent/gateway_episode_timeouts": float(status["timeout"]),
         "agent/gateway_episode_errors": float(status["error"]),
+        "agent/gateway_episode_crashes": float(status["crash"]),  # its agent worker process ended
         "agent/gateway_episodes_without_calls": float(sum(c == 0 for c in calls)),
         "agent/gateway_calls/mean": sum(calls) / n,
         "agent/gateway_calls/max": float(max(calls, default=0)),

@@ -16,10 +16,13 @@ at the run's `max_response_tokens`; the request's stop strings end the sample wh
 refused (`context_length_exceeded`). With `keep_sampled_ids`, a chat prompt whose text continues an
 earlier call of its episode keeps that call's ids (`sampled_prefix.continue_sampled`), counted in
 the capture's `prompts_kept_sampled_ids` when they differ from the re-tokenized ones.
+`end_episode` closes an episode with how its agent ended; its requests still waiting for the
+engine are dropped (`requests_dropped`), and their callers get 404.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import secrets
@@ -27,6 +30,7 @@ import time
 import zlib
 from typing import Any
 
+from stratarl.agent.gateway.agent_program import read_reward
 from stratarl.agent.gateway.api_requests import (
     ApiError,
     ChatCall,
@@ -71,7 +75,9 @@ class Gateway:
         self.api_key = api_key or new_api_key()
         self.episodes: dict[str, EpisodeCapture] = {}
         self.server_errors = 0
+        self.requests_dropped = 0  # engine requests of ended episodes, dropped before they were served
         self._ids = itertools.count()
+        self._waiting: dict[str, set[asyncio.Future]] = {}  # episode id -> its requests at the engine
 
     async def __aenter__(self) -> Gateway:
         await self.http.start()
@@ -93,6 +99,24 @@ class Gateway:
             raise ValueError(f"episode id {episode_id!r} is taken or contains '/'")
         capture = self.episodes[episode_id] = EpisodeCapture(episode_id, row)
         return f"{self.root_url}/e/{episode_id}/v1", capture
+
+    def end_episode(
+        self, capture: EpisodeCapture, status: str, *, value: Any = None, error: str | None = None
+    ) -> None:
+        """Close the episode: "done" with what the agent returned (`agent_program.read_reward`; a
+        value that is no reward makes it "error"), or "timeout" / "error" / "crash" with why. Its
+        requests still waiting for the engine are dropped; later calls get 404."""
+        if status == "done":
+            try:
+                capture.reward, capture.reward_extras = read_reward(value)
+                capture.status = "done"
+            except ValueError as err:
+                capture.status, capture.error = "error", str(err)[:300]
+        else:
+            capture.status, capture.error = status, error
+        for future in self._waiting.pop(capture.episode_id, set()):
+            if future.cancel():
+                self.requests_dropped += 1
 
     # --- HTTP -----------------------------------------------------------------------------------
     async def handle(self, request: HttpRequest) -> HttpResponse:
@@ -219,11 +243,30 @@ class Gateway:
         requests = [
             GenerationRequest(f"{capture.episode_id}/{k + i}", prompt_ids, p) for i, p in enumerate(params)
         ]
-        results = [self.cut_at_stop(r, asked.stop) for r in await self.batcher.generate(requests)]
+        results = [self.cut_at_stop(r, asked.stop) for r in await self.served(capture, requests)]
         texts = [_text_before_stop(self.renderer.assistant_text(r.response_ids), asked.stop) for r in results]
         if capture.is_open:  # an episode cancelled meanwhile keeps no late call
             capture.calls.extend(CallRecord.from_result(r, t) for r, t in zip(results, texts, strict=True))
         return results, texts
+
+    async def served(
+        self, capture: EpisodeCapture, requests: list[GenerationRequest]
+    ) -> list[GenerationResult]:
+        """The engine's results of an episode's requests; 404 when the episode ends before they come."""
+        future = self.batcher.submit(requests)
+        waiting = self._waiting.setdefault(capture.episode_id, set())
+        waiting.add(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if future.cancelled() and not capture.is_open and not (task and task.cancelling()):
+                raise ApiError(
+                    f"episode {capture.episode_id!r} has ended", status=404, code="episode_closed"
+                ) from None
+            raise
+        finally:
+            waiting.discard(future)
 
     def params(self, asked: Sampling, capture: EpisodeCapture, call_index: int) -> SamplingParams:
         seed = asked.seed

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from stratarl.agent.gateway.agent_program import load_agent_function
 from stratarl.agent.gateway.episode_rows import episode_trajectories
-from stratarl.agent.gateway.episodes import run_episodes
+from stratarl.agent.gateway.episodes import InProcessAgent, run_episodes
 from stratarl.agent.gateway.server import Gateway
 from stratarl.reward.arithmetic import compute_score
 from stratarl.rollout.interface import SamplingParams
@@ -36,7 +36,9 @@ def one_episode(engine, renderer):
             keep_sampled_ids=True,
         )
         async with gateway:
-            (capture,) = await run_episodes(gateway, agent, [ROW], timeout_s=60, max_concurrent=1)
+            (capture,) = await run_episodes(
+                gateway, InProcessAgent(agent, timeout_s=60), [ROW], max_concurrent=1
+            )
             return capture
 
     return asyncio.run(main())

@@ -9,7 +9,7 @@ import pytest
 from openai import AsyncOpenAI, AuthenticationError, BadRequestError, NotFoundError
 
 from stratarl.agent.gateway.episode_rows import episode_trajectories, rows_metrics
-from stratarl.agent.gateway.episodes import run_episodes
+from stratarl.agent.gateway.episodes import InProcessAgent, run_episodes
 from stratarl.agent.gateway.server import Gateway
 from stratarl.rollout.interface import SamplingParams
 from stratarl.rollout.torch_engine import TorchRolloutEngine
@@ -212,7 +212,8 @@ def test_64_concurrent_episodes_share_engine_batches(engine, renderer):
 
     async def main():
         async with serve(engine, renderer) as gateway:
-            captures = await run_episodes(gateway, _two_turn_agent, rows, timeout_s=120, max_concurrent=64)
+            agent = InProcessAgent(_two_turn_agent, timeout_s=120)
+            captures = await run_episodes(gateway, agent, rows, max_concurrent=64)
             return captures, gateway.batcher.batch_sizes
 
     captures, batch_sizes = asyncio.run(main())
@@ -240,7 +241,8 @@ def test_an_episode_past_its_deadline_is_cancelled_and_counted(engine, renderer)
         async with serve(engine, renderer) as gateway:
             rows = [{"slow": False}, {"slow": True}]
             # a deadline far above one call of the tiny engine (ms), far below the slow episode's 60 s
-            captures = await run_episodes(gateway, slow_agent, rows, timeout_s=5.0, max_concurrent=8)
+            agent = InProcessAgent(slow_agent, timeout_s=5.0)
+            captures = await run_episodes(gateway, agent, rows, max_concurrent=8)
             client = AsyncOpenAI(base_url=late_calls[0], api_key=gateway.api_key, max_retries=0)
             with pytest.raises(NotFoundError, match="has ended"):  # a cancelled episode takes no more calls
                 await client.chat.completions.create(model="m", messages=QUESTION)
