@@ -216,7 +216,8 @@ class FusedDecoder:
         Hq, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         g = Hq // Hkv
         lo, c = cache._lo, cache.cursor
-        h = self.model.model.embed_tokens(tokens)  # [n, E]
+        # fed as [n, 1], as the model's forward feeds them: hooks on the embedding see the same rows
+        h = self.model.model.embed_tokens(tokens[:, None])[:, 0]  # [n, E]
         cos, sin = self.model.model.rotary_emb(h[:, None], positions)  # [n, 1, D] each
         # rot(x) ⊙ sin = roll(x, D/2) ⊙ [−sin₁ | sin₂]: one roll instead of two slices, a negation and a cat
         half = D // 2
