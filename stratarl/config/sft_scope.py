@@ -35,7 +35,8 @@ SFT_READS = frozenset().union(
     _keys("data", "max_train_prompts max_val_prompts"),
     _keys(
         "rollout",
-        "backend dtype free_cache_engine max_response_tokens trajectories_per_generate_batch weight_sharing",
+        "backend dtype free_cache_engine max_response_tokens trajectories_per_generate_batch weight_sharing "
+        "decode_step",
     ),
     _keys("rollout.val_kwargs", "n greedy temperature top_p top_k"),
     _keys("reward", "custom_function_path custom_function_name function_kwargs"),

@@ -197,12 +197,18 @@ class FusedDecoder:
             self._lay_out()
         self.version = version
 
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the weight copies held (0 for views: they are the model's own tensors)."""
+        if self.views:
+            return 0
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.qkv, layer.gate_up))
+
     def release(self) -> int:
         """Drop copies of the weights (views cost nothing and stay); the bytes released."""
-        if self.views or not self.layers:
-            return 0
-        held = sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.qkv, layer.gate_up))
-        self.layers, self.version = [], None
+        held = self.num_bytes
+        if held:
+            self.layers, self.version = [], None
         return held
 
     # --- the step ----------------------------------------------------------------------------

@@ -58,7 +58,9 @@ def test_the_hand_off_where_it_applies_frees_the_cache_at_the_first_training_pha
     worker = PolicyWorker(spec)
     worker.frees_rollout_cache = worker.offloads_optimizer = True
     batch = sampled_batch(worker, task, tokenizer)
-    held = worker.rollout._core.cache.num_bytes + worker.rollout._core.store.num_bytes
+    core = worker.rollout._core
+    # the KV cache, the cached prefixes and the fused decode step's copies of a shared model's weights
+    held = core.cache.num_bytes + core.store.num_bytes + (core.fused.num_bytes if core.fused else 0)
     batch = batch.union(worker.compute_log_prob(batch))
     assert held > 0 and worker.rollout._core.cache.num_bytes == 0 and len(worker.rollout._core.store) == 0
     metrics = worker.update_actor(batch, ActorLoss(), UpdateRequest(mini_batch_size=8))
